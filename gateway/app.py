@@ -1,0 +1,142 @@
+"""``create_app``: builds the whole gateway as one aiohttp application, no module state."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.aiohttp import make_aiohttp_handler
+
+from .cache import Clock, MemoryStore
+from .config import GatewayConfig
+from .metrics import GatewayMetrics
+from .protocol import KNOWN_METHODS, error_body
+from .proxy import Proxy
+from .upstream import Upstream
+
+__all__ = ["CONFIG", "METRICS", "PROXY", "STORE", "UPSTREAMS", "create_app"]
+
+CONFIG: Final = web.AppKey("config", GatewayConfig)
+METRICS: Final = web.AppKey("metrics", GatewayMetrics)
+STORE: Final = web.AppKey("store", MemoryStore)
+UPSTREAMS: Final = web.AppKey("upstreams", dict[str, Upstream])
+PROXY: Final = web.AppKey("proxy", Proxy)
+READY: Final = web.AppKey("ready", list[bool])
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _no_tracebacks(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn any unexpected exception into a JSON-RPC internal error (never a traceback)."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception:
+        request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return web.Response(
+            status=500,
+            body=error_body(-32603, "Internal error in the gateway"),
+            headers={"Content-Type": "application/json"},
+        )
+
+
+def create_app(
+    config: GatewayConfig,
+    *,
+    clock: Clock = time.monotonic,
+    metrics_registry: CollectorRegistry | None = None,
+) -> web.Application:
+    """Build the gateway for ``config``.
+
+    ``clock`` gives monotonic seconds and drives cache expiry (tests pass a fake one);
+    ``metrics_registry`` receives every metric (a fresh ``CollectorRegistry`` by default).
+    The shared ``aiohttp.ClientSession`` is opened and closed in ``cleanup_ctx``.
+    """
+    app = web.Application(client_max_size=config.listener.max_body_bytes, middlewares=[_no_tracebacks])
+    metrics = GatewayMetrics(metrics_registry if metrics_registry is not None else CollectorRegistry())
+    store = MemoryStore(
+        max_entries=config.cache.max_entries,
+        max_bytes=config.cache.max_bytes,
+        clock=clock,
+        on_evict=metrics.evicted,
+    )
+    upstreams: dict[str, Upstream] = {}
+    proxy = Proxy(config, upstreams, store, metrics, clock)
+    app[CONFIG] = config
+    app[METRICS] = metrics
+    app[STORE] = store
+    app[UPSTREAMS] = upstreams
+    app[PROXY] = proxy
+    app[READY] = [False]
+
+    async def client_session(app: web.Application) -> AsyncIterator[None]:
+        # No cookie jar: a cookie one caller's answer set must never reach another caller.
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            auto_decompress=True,
+        )
+        for name, up_config in config.upstreams.items():
+            upstreams[name] = Upstream(name, up_config, session)
+        app[READY][0] = True
+        yield
+        app[READY][0] = False
+        await session.close()
+
+    app.cleanup_ctx.append(client_session)
+
+    for method in ("GET", "DELETE"):
+        app.router.add_route(method, "/servers/{name}/mcp", proxy.handle_stream)
+    app.router.add_post("/servers/{name}/mcp", proxy.handle_post)
+    app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    if config.admin is not None:
+        app.router.add_post("/admin/cache/purge", _purge)
+    return app
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    ready = request.app[READY][0]
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+
+async def _purge(request: web.Request) -> web.Response:
+    """``POST /admin/cache/purge?upstream=NAME&method=METHOD``: drop matching entries.
+
+    Needs ``Authorization: Bearer <admin token>`` (401 otherwise). Answers
+    ``{"purged": <count>}``; an unknown upstream or method is a 400.
+    """
+    config = request.app[CONFIG]
+    assert config.admin is not None
+    presented = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(presented.encode(), f"Bearer {config.admin.token}".encode()):
+        return web.json_response(
+            {"error": "admin token required"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="mcp-gateway-admin"'},
+        )
+    upstream = request.query.get("upstream")
+    method = request.query.get("method")
+    if upstream is not None and upstream not in config.upstreams:
+        return web.json_response({"error": f"unknown upstream {upstream!r}"}, status=400)
+    if method is not None and method not in KNOWN_METHODS:
+        return web.json_response({"error": f"unknown method {method!r}"}, status=400)
+    store = request.app[STORE]
+    count = store.purge(
+        lambda k: (upstream is None or k.upstream == upstream) and (method is None or k.method == method), "purge"
+    )
+    request.app[PROXY]._update_size_gauges()
+    return web.json_response({"purged": count})

@@ -1,0 +1,279 @@
+"""The result cache: keys, the storability decision, the store and request coalescing.
+
+Rules (DESIGN.md "The cache, in one paragraph"; digest §5 and gotchas 9-14): store only
+HTTP 200 JSON-RPC ``result``s of the six cacheable methods with ``resultType:"complete"``,
+``cacheScope:"public"`` and an integer ``ttlMs > 0``; keep them ``min(ttlMs, max_ttl_ms)``
+from receipt; on a hit answer with the caller's id and ``ttlMs`` lowered to what is left.
+No aiohttp here: the store sits behind :class:`CacheStore` so another store (Redis) only
+touches this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import cachetools
+import orjson
+
+from .protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest
+
+__all__ = [
+    "CacheEntry",
+    "CacheKey",
+    "CacheStore",
+    "Clock",
+    "Coalescer",
+    "MemoryStore",
+    "build_entry",
+    "canonical_json",
+    "make_key",
+    "store_outcome",
+]
+
+#: Seconds on a monotonic scale (``time.monotonic`` in production, a fake clock in tests).
+Clock = Callable[[], float]
+#: Called with an eviction reason (``expired``, ``size``, ``purge``, ...) and a count.
+EvictionListener = Callable[[str, int], None]
+
+STORED: Final = "stored"
+
+
+def canonical_json(value: object) -> bytes:
+    """Deterministic JSON: sorted keys, no insignificant white space."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    """Identity of one cache entry (DESIGN.md).
+
+    ``params`` is the canonical JSON of ``params`` without ``_meta`` (so ``cursor`` and
+    ``uri`` count, the JSON-RPC id, ``clientInfo``, ``progressToken`` and trace context do
+    not); ``capabilities`` is a SHA-256 of the canonical ``clientCapabilities``, or
+    ``None`` when the upstream does not vary on them.
+    """
+
+    upstream: str
+    method: str
+    params: bytes
+    version: str
+    capabilities: bytes | None
+
+
+def make_key(upstream: str, request: ParsedRequest, *, vary_on_capabilities: bool) -> CacheKey:
+    """The cache key of a validated, cacheable modern request."""
+    assert request.method is not None and request.version is not None and request.params is not None
+    params = request.params
+    meta = params.get("_meta")
+    rest = {k: v for k, v in params.items() if k != "_meta"}
+    caps: bytes | None = None
+    if vary_on_capabilities and isinstance(meta, dict):
+        caps = hashlib.sha256(canonical_json(meta.get(CLIENT_CAPABILITIES_KEY))).digest()
+    return CacheKey(upstream, request.method, canonical_json(rest), request.version, caps)
+
+
+def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> str:
+    """Decide whether an upstream answer may be stored.
+
+    ``message`` is the parsed JSON-RPC response and ``size`` its serialised size in bytes.
+    Returns ``"stored"`` or the reason it may not be: ``status`` (not HTTP 200), ``error``
+    (JSON-RPC error or not a result), ``input_required`` (``resultType`` other than
+    ``complete``), ``private`` (``cacheScope`` not exactly ``public``, absent included,
+    digest §13.2), ``no_ttl`` (``ttlMs`` absent, not an integer, or ``<= 0``), ``too_large``.
+    """
+    if status != 200:
+        return "status"
+    if not isinstance(message, dict) or "error" in message:
+        return "error"
+    result = message.get("result")
+    if not isinstance(result, dict):
+        return "error"
+    if result.get("resultType") != "complete":
+        return "input_required"
+    if result.get("cacheScope") != "public":
+        return "private"
+    ttl = result.get("ttlMs")
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+        return "no_ttl"
+    if size > max_entry_bytes:
+        return "too_large"
+    return STORED
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One stored result, pre-split so a hit costs two byte joins.
+
+    The response to a hit is ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs +
+    ``tail``; ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored
+    lifetime (already capped by ``max_ttl_ms``), ``size`` the payload size in bytes.
+    """
+
+    head: bytes
+    tail: bytes
+    stored_at: float
+    expires_at: float
+    ttl_ms: int
+    size: int
+
+    def remaining_ms(self, now: float) -> int:
+        """Milliseconds of freshness left at ``now``, floored at 0."""
+        return max(0, int((self.expires_at - now) * 1000))
+
+    def response(self, id_json: bytes, now: float) -> bytes:
+        """The JSON-RPC response for a caller whose id serialises to ``id_json``."""
+        return b'{"jsonrpc":"2.0","id":' + id_json + self.head + str(self.remaining_ms(now)).encode() + self.tail
+
+
+_PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)
+_PLACEHOLDER_JSON: Final = orjson.dumps(_PLACEHOLDER)
+
+
+def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> CacheEntry | None:
+    """Pre-render a storable response (see :func:`store_outcome`) as a :class:`CacheEntry`.
+
+    Lifetime is ``min(ttlMs, max_ttl_ms)`` from ``now``. Returns ``None`` if the result
+    cannot be split around its ``ttlMs`` (it never happens for JSON the gateway parsed).
+    """
+    result = dict(message["result"])
+    ttl_ms = min(int(result["ttlMs"]), max_ttl_ms)
+    result["ttlMs"] = _PLACEHOLDER
+    rendered = b',"result":' + orjson.dumps(result) + b"}"
+    parts = rendered.split(_PLACEHOLDER_JSON)
+    if len(parts) != 2:
+        return None
+    return CacheEntry(parts[0], parts[1], now, now + ttl_ms / 1000, ttl_ms, len(rendered))
+
+
+class CacheStore(Protocol):
+    """The store behind the cache. Implementations bound themselves and report evictions."""
+
+    def get(self, key: CacheKey) -> CacheEntry | None:
+        """The fresh entry for ``key``, or ``None``."""
+
+    def put(self, key: CacheKey, entry: CacheEntry) -> bool:
+        """Store ``entry``; ``False`` if it was refused (caching disabled, too big)."""
+
+    def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
+        """Remove every entry whose key matches; returns how many."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the stored entries' sizes."""
+
+
+class _TLRU(cachetools.TLRUCache[CacheKey, CacheEntry]):
+    """A TLRU cache that reports the entries it drops for size."""
+
+    on_size_eviction: Callable[[], None] | None = None
+
+    def popitem(self) -> tuple[CacheKey, CacheEntry]:
+        item = super().popitem()
+        if self.on_size_eviction is not None:
+            self.on_size_eviction()
+        return item
+
+
+class MemoryStore:
+    """In-process store (cachetools ``TLRUCache``): per-entry expiry, LRU eviction.
+
+    Bounded by ``max_entries`` entries and ``max_bytes`` bytes in total; ``clock`` gives
+    seconds. ``on_evict(reason, count)`` hears of ``expired``, ``size`` and purge evictions.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_entries: int,
+        max_bytes: int,
+        clock: Clock,
+        on_evict: EvictionListener | None = None,
+    ) -> None:
+        self._max_entries = max_entries
+        self._on_evict = on_evict
+        self._bytes = 0
+        self._data = _TLRU(
+            maxsize=max_bytes,
+            ttu=lambda _k, entry, _now: entry.expires_at,
+            timer=clock,
+            getsizeof=lambda entry: entry.size,
+        )
+        self._data.on_size_eviction = lambda: self._evicted("size", 1)
+
+    def _evicted(self, reason: str, count: int) -> None:
+        if count and self._on_evict is not None:
+            self._on_evict(reason, count)
+
+    def _expire(self) -> None:
+        expired = self._data.expire()
+        if expired:
+            self._evicted("expired", len(expired))
+
+    def get(self, key: CacheKey) -> CacheEntry | None:
+        self._expire()
+        return self._data.get(key)
+
+    def put(self, key: CacheKey, entry: CacheEntry) -> bool:
+        if self._max_entries == 0 or entry.size > self._data.maxsize:
+            return False
+        self._expire()
+        self._data.pop(key, None)
+        while len(self._data) >= self._max_entries:
+            self._data.popitem()
+        self._data[key] = entry
+        return key in self._data
+
+    def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
+        self._expire()
+        doomed = [k for k in list(self._data.keys()) if predicate(k)]
+        for k in doomed:
+            self._data.pop(k, None)
+        self._evicted(reason, len(doomed))
+        return len(doomed)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __iter__(self) -> Iterator[CacheKey]:
+        return iter(list(self._data.keys()))
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self._data.currsize)
+
+
+class Coalescer:
+    """Collapses concurrent misses on one key into one upstream request (DESIGN.md).
+
+    The first caller of :meth:`claim` for a key is the leader and must call
+    :meth:`release` with the stored entry or ``None``; later callers get a future that
+    resolves to that value. ``None`` tells followers to go upstream on their own (the
+    answer was private, an error, or the leader gave up).
+    """
+
+    def __init__(self) -> None:
+        self._inflight: dict[CacheKey, asyncio.Future[CacheEntry | None]] = {}
+
+    def claim(self, key: CacheKey) -> asyncio.Future[CacheEntry | None] | None:
+        """``None`` if the caller now leads ``key``; else the leader's future to await."""
+        fut = self._inflight.get(key)
+        if fut is not None:
+            return fut
+        self._inflight[key] = asyncio.get_running_loop().create_future()
+        return None
+
+    def release(self, key: CacheKey, entry: CacheEntry | None) -> None:
+        """Publish the leader's outcome for ``key`` to its followers."""
+        fut = self._inflight.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(entry)
+
+    def __len__(self) -> int:
+        return len(self._inflight)

@@ -1,0 +1,197 @@
+"""The gateway's configuration: one frozen pydantic tree loaded from TOML.
+
+Unknown keys are errors; ``${NAME}`` inside any string is replaced by the environment
+variable ``NAME`` at load time, and a missing variable is a load error (DESIGN.md, Config).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator
+
+__all__ = [
+    "AdminConfig",
+    "AuthConfig",
+    "CacheConfig",
+    "ConfigError",
+    "GatewayConfig",
+    "ListenerConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_config",
+]
+
+DEFAULT_HOST: Final = "127.0.0.1"
+DEFAULT_PORT: Final = 8080
+DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_MAX_ENTRIES: Final = 10_000
+DEFAULT_MAX_ENTRY_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
+DEFAULT_MAX_TTL_MS: Final = 3_600_000
+DEFAULT_TIMEOUT_S: Final = 30.0
+DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
+DEFAULT_STREAM_IDLE_TIMEOUT_S: Final = 300.0
+DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_MAX_INFLIGHT: Final = 256
+
+UPSTREAM_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message names the key at fault."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ListenerConfig(_Model):
+    """Where the gateway binds and what it accepts from downstream."""
+
+    host: str = Field(DEFAULT_HOST, description="Address to bind.")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port to bind (0: any free port).")
+    allowed_origins: tuple[str, ...] = Field(
+        (), description="Origins allowed to call the MCP routes; a request with another Origin gets 403."
+    )
+    max_body_bytes: int = Field(
+        DEFAULT_MAX_BODY_BYTES, gt=0, description="Largest request body accepted, in bytes (else 413)."
+    )
+
+
+class CacheConfig(_Model):
+    """Bounds of the shared result cache."""
+
+    max_entries: int = Field(DEFAULT_MAX_ENTRIES, ge=0, description="Most cache entries kept (0 disables caching).")
+    max_entry_bytes: int = Field(
+        DEFAULT_MAX_ENTRY_BYTES, gt=0, description="Larger results are forwarded but not stored, in bytes."
+    )
+    max_bytes: int = Field(DEFAULT_MAX_BYTES, gt=0, description="Total size of all stored results, in bytes.")
+    max_ttl_ms: int = Field(
+        DEFAULT_MAX_TTL_MS, gt=0, description="Ceiling on any upstream ttlMs, in milliseconds; never a floor."
+    )
+    vary_on_client_capabilities: bool = Field(
+        True, description="Key entries on the request's clientCapabilities (default for every upstream)."
+    )
+
+
+class AuthConfig(_Model):
+    """Downstream authentication: callers must present one of these bearer tokens."""
+
+    tokens: tuple[Annotated[str, Field(min_length=16)], ...] = Field(
+        min_length=1, description="Accepted bearer tokens (use ${ENV} references, at least 16 characters)."
+    )
+
+
+class AdminConfig(_Model):
+    """The admin routes; without this table they do not exist."""
+
+    token: str = Field(min_length=16, description="Bearer token for /admin routes (use an ${ENV} reference).")
+
+
+class UpstreamConfig(_Model):
+    """One MCP server behind the gateway, reached at ``/servers/{name}/mcp``."""
+
+    url: HttpUrl = Field(description="The upstream's MCP endpoint (http or https).")
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, description="Whole request, non-streaming, in seconds.")
+    connect_timeout_s: float = Field(DEFAULT_CONNECT_TIMEOUT_S, gt=0, description="TCP connect, in seconds.")
+    stream_idle_timeout_s: float = Field(
+        DEFAULT_STREAM_IDLE_TIMEOUT_S,
+        gt=0,
+        description="An SSE stream with no bytes (keep-alives count) for this long is closed, in seconds.",
+    )
+    headers: Mapping[str, str] = Field(default_factory=dict, description="Headers sent to this upstream only.")
+    forward_authorization: bool = Field(False, description="Pass the caller's Authorization to this upstream.")
+    vary_on_client_capabilities: bool | None = Field(
+        None, description="Override of [cache].vary_on_client_capabilities for this upstream."
+    )
+    max_response_bytes: int = Field(
+        DEFAULT_MAX_RESPONSE_BYTES, gt=0, description="Largest non-streamed upstream response, in bytes (else 502)."
+    )
+    max_inflight: int = Field(
+        DEFAULT_MAX_INFLIGHT, gt=0, description="Concurrent requests to this upstream before 503 + Retry-After."
+    )
+
+    @field_validator("headers")
+    @classmethod
+    def _no_hop_headers(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        banned = {"host", "content-length", "transfer-encoding", "connection"}
+        bad = sorted(k for k in value if k.lower() in banned)
+        if bad:
+            raise ValueError(f"headers may not set {', '.join(bad)}")
+        return dict(value)
+
+
+class GatewayConfig(_Model):
+    """The whole config file (DESIGN.md, Config)."""
+
+    listener: ListenerConfig = ListenerConfig()
+    cache: CacheConfig = CacheConfig()
+    auth: AuthConfig | None = None
+    admin: AdminConfig | None = None
+    upstreams: Mapping[Annotated[str, Field(pattern=UPSTREAM_NAME_PATTERN)], UpstreamConfig] = Field(
+        default_factory=dict, description="The upstreams, by name."
+    )
+
+    def vary_on_capabilities(self, upstream: str) -> bool:
+        """Whether cache keys for ``upstream`` include the clientCapabilities hash."""
+        override = self.upstreams[upstream].vary_on_client_capabilities
+        return self.cache.vary_on_client_capabilities if override is None else override
+
+
+def _substitute(value: Any, path: str, env: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+
+        def repl(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in env:
+                raise ConfigError(f"{path}: environment variable {name} is not set")
+            return env[name]
+
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    return value
+
+
+def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Validate already-parsed TOML data, replacing ``${NAME}`` from ``env`` (default ``os.environ``).
+
+    Raises:
+        ConfigError: a missing environment variable or an invalid/unknown key, naming it.
+    """
+    resolved = _substitute(dict(data), "", os.environ if env is None else env)
+    try:
+        return GatewayConfig.model_validate(resolved)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"{loc}: {msg}")
+        raise ConfigError("; ".join(lines)) from exc
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read and validate the TOML file at ``path``.
+
+    Raises:
+        ConfigError: unreadable file, invalid TOML, missing variable, invalid or unknown key.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    return parse_config(data, env)

@@ -1,0 +1,389 @@
+"""Pure MCP / JSON-RPC facts and request validation for the gateway (no I/O).
+
+Everything here follows MCP revision 2026-07-28 (see ``shared/spec/2026-07-28-digest.md``):
+method names, the six cacheable methods (caching utility, SEP-2549), error codes and
+their HTTP statuses (basic/index#error-codes), the request-metadata headers and their
+base64 sentinel (transports/streamable-http, SEP-2243) and era detection (basic/versioning).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import orjson
+
+__all__ = [
+    "CACHEABLE_METHODS",
+    "CLIENT_CAPABILITIES_KEY",
+    "KNOWN_METHODS",
+    "LEGACY_VERSIONS",
+    "MODERN_VERSION",
+    "MODERN_VERSIONS",
+    "PROTOCOL_VERSION_KEY",
+    "BadGateway",
+    "Era",
+    "GatewayError",
+    "GatewayTimeout",
+    "HeaderMismatch",
+    "InvalidParams",
+    "InvalidRequest",
+    "ParseError",
+    "ParsedRequest",
+    "SSEParser",
+    "decode_header_value",
+    "error_body",
+    "method_label",
+    "parse_request",
+    "response_id_matches",
+]
+
+MODERN_VERSION: Final = "2026-07-28"
+#: Modern protocol versions this gateway knows how to validate and cache.
+MODERN_VERSIONS: Final = frozenset({MODERN_VERSION})
+#: Protocol versions of the legacy era (``initialize`` handshake, ``Mcp-Session-Id``).
+LEGACY_VERSIONS: Final = frozenset({"2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"})
+
+PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
+
+#: The methods whose ``resultType:"complete"`` results carry ``ttlMs``/``cacheScope``
+#: (caching utility page; exactly the schema types extending ``CacheableResult``).
+CACHEABLE_METHODS: Final = frozenset(
+    {
+        "server/discover",
+        "tools/list",
+        "prompts/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+    }
+)
+
+#: Methods whose ``Mcp-Name`` header mirrors a body field (streamable-http, SEP-2243).
+NAME_FIELD: Final[Mapping[str, str]] = {
+    "tools/call": "name",
+    "prompts/get": "name",
+    "resources/read": "uri",
+}
+
+#: Method names used as metric labels; anything else is reported as ``other``.
+KNOWN_METHODS: Final = frozenset(
+    CACHEABLE_METHODS
+    | NAME_FIELD.keys()
+    | {
+        "completion/complete",
+        "subscriptions/listen",
+        "initialize",
+        "notifications/initialized",
+        "notifications/cancelled",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "tasks/get",
+        "tasks/update",
+        "tasks/cancel",
+    }
+)
+
+#: Request params whose presence marks an MRTR retry; such results are never cached.
+MRTR_PARAMS: Final = ("inputResponses", "requestState")
+
+Era = Literal["modern", "legacy"]
+
+_SENTINEL_PREFIX: Final = "=?base64?"
+_SENTINEL_SUFFIX: Final = "?="
+
+
+class GatewayError(Exception):
+    """An error the gateway answers itself, as a JSON-RPC error with a fixed HTTP status.
+
+    ``code`` is the JSON-RPC error code, ``status`` the HTTP status (digest §0.2, §0.3);
+    ``request_id`` is echoed in the error body when the request's id could be read.
+    """
+
+    code: int = -32603
+    status: int = 500
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: object = None,
+        data: object = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+        self.data = data
+        self.headers = dict(headers or {})
+
+    def body(self) -> bytes:
+        """The JSON-RPC error response body (``id`` omitted when unknown)."""
+        return error_body(self.code, self.message, self.request_id, self.data)
+
+
+class ParseError(GatewayError):
+    """The body is not JSON (-32700, HTTP 400)."""
+
+    code = -32700
+    status = 400
+
+
+class InvalidRequest(GatewayError):
+    """Not a single JSON-RPC request object, e.g. a batch (-32600, HTTP 400)."""
+
+    code = -32600
+    status = 400
+
+
+class InvalidParams(GatewayError):
+    """Required ``params._meta`` fields missing (-32602, HTTP 400 MUST; basic/index)."""
+
+    code = -32602
+    status = 400
+
+
+class HeaderMismatch(GatewayError):
+    """A request-metadata header missing or disagreeing with the body (-32020, HTTP 400 MUST)."""
+
+    code = -32020
+    status = 400
+
+
+class BadGateway(GatewayError):
+    """The upstream was unreachable, reset the connection or answered something that is not
+    JSON-RPC (-32603 Internal error, HTTP 502)."""
+
+    code = -32603
+    status = 502
+
+
+class GatewayTimeout(GatewayError):
+    """The upstream did not answer in time (-32603 Internal error, HTTP 504)."""
+
+    code = -32603
+    status = 504
+
+
+def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
+    """Serialise a JSON-RPC 2.0 error response; ``id`` is left out when ``None`` (basic/index)."""
+    err: dict[str, object] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    msg: dict[str, object] = {"jsonrpc": "2.0"}
+    if request_id is not None:
+        msg["id"] = request_id
+    msg["error"] = err
+    return orjson.dumps(msg)
+
+
+def method_label(method: str | None) -> str:
+    """A bounded metric label for ``method``: the method itself if known, else ``other``."""
+    return method if method in KNOWN_METHODS else "other"
+
+
+def decode_header_value(value: str) -> str | None:
+    """Decode an ``Mcp-Name``/``Mcp-Param-*`` value (streamable-http, SEP-2243).
+
+    Plain values are returned as they are; ``=?base64?<b64 of UTF-8>?=`` is decoded.
+    Returns ``None`` when the sentinel form does not decode to UTF-8 or the plain value
+    has characters outside visible ASCII, space and tab.
+    """
+    if value.startswith(_SENTINEL_PREFIX) and value.endswith(_SENTINEL_SUFFIX):
+        payload = value[len(_SENTINEL_PREFIX) : len(value) - len(_SENTINEL_SUFFIX)]
+        try:
+            return base64.b64decode(payload, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):
+            return None
+    if not all(ch in "\t " or "!" <= ch <= "~" for ch in value):
+        return None
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """What routing, validation and caching need from one POSTed JSON-RPC message.
+
+    ``kind`` is ``request`` (has an id), ``notification`` (no id) or ``response`` (a legacy
+    client's answer to a server request). ``version`` is the body's protocol version for
+    modern requests. ``cache_bypass`` is ``None`` when the request may be served from or
+    stored in the cache, else the reason it may not (``uncacheable``, ``legacy``,
+    ``notification``, ``input-responses``, ``unknown-version``).
+    """
+
+    kind: Literal["request", "notification", "response"]
+    request_id: object
+    method: str | None
+    era: Era
+    version: str | None
+    params: Mapping[str, Any] | None
+    cache_bypass: str | None
+
+    @property
+    def cacheable(self) -> bool:
+        return self.cache_bypass is None
+
+
+def _is_valid_id(value: object) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def parse_request(body: bytes, headers: Mapping[str, str]) -> ParsedRequest:
+    """Parse and validate one POSTed MCP message against its headers.
+
+    ``headers`` must be case-insensitive (aiohttp's ``CIMultiDictProxy``). Legacy-era
+    messages (``initialize``, an ``Mcp-Session-Id``, a legacy ``MCP-Protocol-Version``, or
+    neither that header nor modern ``_meta``) are only parsed, never validated: they go to
+    the upstream as they are.
+
+    Raises:
+        ParseError: the body is not JSON (-32700).
+        InvalidRequest: a batch, a non-object, a bad ``id`` or ``method`` (-32600).
+        InvalidParams: modern request without both required ``_meta`` fields (-32602).
+        HeaderMismatch: a modern request whose ``MCP-Protocol-Version``, ``Mcp-Method`` or
+            ``Mcp-Name`` header is missing or disagrees with the body (-32020).
+    """
+    try:
+        msg = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ParseError("Parse error: body is not valid JSON") from exc
+    if isinstance(msg, list):
+        raise InvalidRequest("Invalid Request: JSON-RPC batches are not supported")
+    if not isinstance(msg, dict):
+        raise InvalidRequest("Invalid Request: expected a JSON-RPC object")
+    has_id = "id" in msg
+    request_id = msg.get("id")
+    if has_id and not _is_valid_id(request_id):
+        raise InvalidRequest("Invalid Request: id must be a string or an integer")
+    if msg.get("jsonrpc") != "2.0":
+        raise InvalidRequest('Invalid Request: jsonrpc must be "2.0"', request_id=request_id)
+    method = msg.get("method")
+    params = msg.get("params")
+    if method is None and has_id and ("result" in msg or "error" in msg):
+        return ParsedRequest("response", request_id, None, "legacy", None, None, "legacy")
+    if not isinstance(method, str):
+        raise InvalidRequest("Invalid Request: method must be a string", request_id=request_id)
+    kind: Literal["request", "notification"] = "request" if has_id else "notification"
+
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    body_version = meta.get(PROTOCOL_VERSION_KEY) if isinstance(meta, dict) else None
+    header_version = headers.get("MCP-Protocol-Version")
+    if (
+        method == "initialize"
+        or "Mcp-Session-Id" in headers
+        or header_version in LEGACY_VERSIONS
+        or (header_version is None and body_version is None)
+    ):
+        return ParsedRequest(kind, request_id, method, "legacy", header_version, params, "legacy")
+    if kind == "notification":
+        # Header rules for notification POSTs are left undefined by 2026-07-28 (§13.9).
+        return ParsedRequest(kind, request_id, method, "modern", header_version, params, "notification")
+    if header_version is None:
+        raise HeaderMismatch("Header mismatch: MCP-Protocol-Version header is required", request_id=request_id)
+
+    if not isinstance(meta, dict) or not isinstance(params, dict):
+        raise InvalidParams("Invalid params: params._meta is required", request_id=request_id)
+    missing = [k for k in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if k not in meta]
+    if missing:
+        raise InvalidParams(f"Invalid params: params._meta is missing {', '.join(missing)}", request_id=request_id)
+    if not isinstance(body_version, str) or not isinstance(meta[CLIENT_CAPABILITIES_KEY], dict):
+        raise InvalidParams(
+            "Invalid params: protocolVersion must be a string and clientCapabilities an object",
+            request_id=request_id,
+        )
+    if header_version != body_version:
+        raise HeaderMismatch(
+            "Header mismatch: MCP-Protocol-Version header does not match _meta protocolVersion",
+            request_id=request_id,
+        )
+    if headers.get("Mcp-Method") != method:
+        raise HeaderMismatch("Header mismatch: Mcp-Method header must equal method", request_id=request_id)
+    name_field = NAME_FIELD.get(method)
+    if name_field is not None:
+        raw = headers.get("Mcp-Name")
+        decoded = decode_header_value(raw) if raw is not None else None
+        if decoded is None or decoded != params.get(name_field):
+            raise HeaderMismatch(
+                f"Header mismatch: Mcp-Name header must equal params.{name_field}", request_id=request_id
+            )
+
+    bypass: str | None = None
+    if method not in CACHEABLE_METHODS:
+        bypass = "uncacheable"
+    elif body_version not in MODERN_VERSIONS:
+        bypass = "unknown-version"
+    elif any(k in params for k in MRTR_PARAMS):
+        bypass = "input-responses"
+    return ParsedRequest(kind, request_id, method, "modern", body_version, params, bypass)
+
+
+class SSEParser:
+    """Incremental ``text/event-stream`` parser (WHATWG HTML, server-sent events).
+
+    :meth:`feed` takes raw bytes as they arrive and returns the ``data`` payload of each
+    event completed by them (multi-line data joined with ``\\n``); comments and other
+    fields are ignored. An event larger than ``max_event_bytes`` marks the parser
+    ``overflowed`` and it stops collecting.
+    """
+
+    __slots__ = ("_buf", "_data", "_max", "overflowed")
+
+    def __init__(self, max_event_bytes: int) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._max = max_event_bytes
+        self.overflowed = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self.overflowed:
+            return []
+        self._buf += chunk
+        events: list[bytes] = []
+        while True:
+            cut = _next_line_end(self._buf)
+            if cut is None:
+                break
+            end, nxt = cut
+            line, self._buf = self._buf[:end], self._buf[nxt:]
+            if not line:
+                if self._data:
+                    events.append(b"\n".join(self._data))
+                    self._data = []
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                self._data.append(value[1:] if value.startswith(b" ") else value)
+            elif line == b"data":
+                self._data.append(b"")
+        if len(self._buf) + sum(len(d) for d in self._data) > self._max:
+            self.overflowed = True
+            self._buf, self._data = b"", []
+        return events
+
+
+def _next_line_end(buf: bytes) -> tuple[int, int] | None:
+    """Position of the first line ending in ``buf`` and of the byte after it."""
+    cr, lf = buf.find(b"\r"), buf.find(b"\n")
+    if cr == -1 and lf == -1:
+        return None
+    if cr != -1 and (lf == -1 or cr < lf):
+        if cr + 1 == len(buf):
+            return None  # a \r at the end may still be followed by \n
+        return (cr, cr + 2) if buf[cr + 1 : cr + 2] == b"\n" else (cr, cr + 1)
+    return (lf, lf + 1)
+
+
+def response_id_matches(message: object, request_id: object) -> bool:
+    """Whether ``message`` is a JSON-RPC 2.0 response (result or error) for ``request_id``."""
+    return (
+        isinstance(message, dict)
+        and message.get("jsonrpc") == "2.0"
+        and ("result" in message or "error" in message)
+        and message.get("id") == request_id
+        and type(message.get("id")) is type(request_id)
+    )

@@ -1,0 +1,156 @@
+"""Talking to one upstream MCP server over HTTP, and mapping transport failures.
+
+Every aiohttp / asyncio failure on the way to an upstream is translated here, once, into
+the gateway's own :class:`~gateway.protocol.BadGateway` (502) or
+:class:`~gateway.protocol.GatewayTimeout` (504). Redirects are never followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Final
+
+import aiohttp
+from multidict import CIMultiDict
+
+from .config import UpstreamConfig
+from .protocol import BadGateway, GatewayTimeout
+
+__all__ = ["RESPONSE_HEADERS", "Upstream"]
+
+#: Request headers passed to the upstream as they are (digest §7 "What a proxy must pass").
+#: ``Authorization`` is added only for upstreams with ``forward_authorization``; ``Host``
+#: is the upstream's own (aiohttp sets it from the URL); hop-by-hop headers never pass.
+REQUEST_HEADERS: Final = frozenset(
+    h.lower()
+    for h in (
+        "MCP-Protocol-Version",
+        "Mcp-Method",
+        "Mcp-Name",
+        "Accept",
+        "Content-Type",
+        "Mcp-Session-Id",
+        "Last-Event-ID",
+        "traceparent",
+        "tracestate",
+        "baggage",
+    )
+)
+_PARAM_PREFIX: Final = "mcp-param-"
+
+#: Response headers passed back to the caller.
+RESPONSE_HEADERS: Final = ("Content-Type", "WWW-Authenticate", "Mcp-Session-Id", "Retry-After", "Allow")
+
+_CHUNK: Final = 64 * 1024
+
+
+class Upstream:
+    """One configured upstream, sharing the app's ``aiohttp.ClientSession``.
+
+    ``timeout_s`` bounds a non-streamed exchange (headers and body); ``connect_timeout_s``
+    the TCP connect; ``stream_idle_timeout_s`` the silence allowed between two reads of a
+    stream (SSE keep-alive comments count as bytes).
+    """
+
+    def __init__(self, name: str, config: UpstreamConfig, session: aiohttp.ClientSession) -> None:
+        self.name = name
+        self.config = config
+        self.url = str(config.url)
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s
+        )
+        self.inflight = 0
+
+    def request_headers(self, incoming: Mapping[str, str], *, allow_authorization: bool) -> CIMultiDict[str]:
+        """The headers to send upstream: the allowed subset of ``incoming``, values unchanged,
+        every ``Mcp-Param-*``, then this upstream's configured headers (which win)."""
+        out: CIMultiDict[str] = CIMultiDict()
+        for name, value in incoming.items():
+            low = name.lower()
+            if low in REQUEST_HEADERS or low.startswith(_PARAM_PREFIX):
+                out.add(name, value)
+            elif low == "authorization" and allow_authorization and self.config.forward_authorization:
+                out.add(name, value)
+        for name, value in self.config.headers.items():
+            out[name] = value
+        return out
+
+    @asynccontextmanager
+    async def open(
+        self, http_method: str, body: bytes | None, headers: CIMultiDict[str]
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Send one HTTP request and yield the response once its headers arrived.
+
+        Raises:
+            GatewayTimeout: no response headers within ``timeout_s``.
+            BadGateway: refused, reset, unreachable, or a redirect (never followed).
+        """
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                resp = await self._session.request(
+                    http_method,
+                    self.url,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=self._timeout,
+                )
+        except TimeoutError as exc:
+            raise GatewayTimeout(f"upstream {self.name} did not answer within {self.config.timeout_s:g} s") from exc
+        except aiohttp.ClientError as exc:
+            raise BadGateway(f"upstream {self.name} is unreachable ({type(exc).__name__})") from exc
+        try:
+            if 300 <= resp.status < 400:
+                raise BadGateway(f"upstream {self.name} answered with a redirect ({resp.status}); not followed")
+            yield resp
+        finally:
+            if resp.content.at_eof():
+                resp.release()
+            else:
+                resp.close()
+
+    async def read_body(self, resp: aiohttp.ClientResponse, deadline: float) -> bytes:
+        """Read a whole non-streamed body, at most ``max_response_bytes``, by loop time ``deadline``.
+
+        Raises:
+            GatewayTimeout: the body did not arrive in time.
+            BadGateway: the body is too large or the connection broke.
+        """
+        limit = self.config.max_response_bytes
+        if resp.content_length is not None and resp.content_length > limit:
+            raise BadGateway(f"upstream {self.name} response exceeds {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout_at(deadline):
+                while chunk := await resp.content.read(_CHUNK):
+                    size += len(chunk)
+                    if size > limit:
+                        raise BadGateway(f"upstream {self.name} response exceeds {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError as exc:
+            raise GatewayTimeout(
+                f"upstream {self.name} did not finish its answer within {self.config.timeout_s:g} s"
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise BadGateway(f"upstream {self.name} broke off its answer ({type(exc).__name__})") from exc
+        return b"".join(chunks)
+
+    async def iter_stream(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """Yield a streamed body's chunks as they arrive; stop quietly when the upstream
+        ends, breaks off, or stays silent past ``stream_idle_timeout_s``.
+
+        Returns normally in every case; ``completed`` tells whether the stream ended
+        cleanly is up to the caller (it checks for the final JSON-RPC response).
+        """
+        try:
+            while True:
+                chunk = await resp.content.readany()
+                if not chunk:
+                    return
+                yield chunk
+        except (aiohttp.ClientError, TimeoutError):
+            return
