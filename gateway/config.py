@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
 __all__ = [
     "AdminConfig",
@@ -138,6 +138,19 @@ class GatewayConfig(_Model):
     upstreams: Mapping[Annotated[str, Field(pattern=UPSTREAM_NAME_PATTERN)], UpstreamConfig] = Field(
         default_factory=dict, description="The upstreams, by name."
     )
+
+    @model_validator(mode="after")
+    def _no_token_passthrough(self) -> GatewayConfig:
+        # With gateway auth, the caller's Authorization carries the gateway's own token,
+        # which must never reach an upstream (digest §10).
+        if self.auth is not None:
+            bad = sorted(n for n, u in self.upstreams.items() if u.forward_authorization)
+            if bad:
+                raise ValueError(
+                    f"upstreams {', '.join(bad)}: forward_authorization cannot be used with [auth] "
+                    "(the gateway's own token would be forwarded)"
+                )
+        return self
 
     def vary_on_capabilities(self, upstream: str) -> bool:
         """Whether cache keys for ``upstream`` include the clientCapabilities hash."""

@@ -1,0 +1,35 @@
+# make test: everything from scratch (venv, Node tools, promtool) then lint, types and the suite.
+# make demo: a demo fleet of real MCP servers behind the gateway on 127.0.0.1:8080.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-test
+
+.PHONY: test lint typecheck unit demo tools bench soak clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,speed]'
+	touch $@
+
+tools:
+	bash scripts/install-tools.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+test: $(STAMP) tools lint typecheck
+	$(BIN)/pytest -q -p no:cacheprovider
+
+demo: $(STAMP)
+	$(BIN)/mcp-gateway demo
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache

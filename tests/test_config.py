@@ -1,0 +1,116 @@
+"""Config loading (gateway.config) and ``mcp-gateway check-config``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gw.toml"
+    path.write_text(text)
+    return path
+
+
+def test_example_config_is_valid() -> None:
+    config = load_config(ROOT / "config" / "example.toml")
+    assert set(config.upstreams) == {"weather", "notes"}
+    assert config.vary_on_capabilities("weather") is True
+    assert config.vary_on_capabilities("notes") is False
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    config = parse_config({"upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}})
+    assert (config.listener.host, config.listener.port) == ("127.0.0.1", 8080)
+    assert (config.cache.max_entries, config.cache.max_entry_bytes, config.cache.max_ttl_ms) == (
+        10000,
+        4194304,
+        3600000,
+    )
+    up = config.upstreams["a"]
+    assert (up.timeout_s, up.connect_timeout_s, up.stream_idle_timeout_s, up.forward_authorization) == (
+        30,
+        5,
+        300,
+        False,
+    )
+    assert config.auth is None and config.admin is None
+
+
+def test_env_references_are_resolved_at_load_time() -> None:
+    config = parse_config(
+        {"upstreams": {"a": {"url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": "Bearer ${TOK}"}}}},
+        env={"TOK": "s3cret"},
+    )
+    assert config.upstreams["a"].headers == {"Authorization": "Bearer s3cret"}
+
+
+def test_missing_env_variable_is_a_load_error_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"auth\.tokens\[0\].*GATEWAY_TOKEN"):
+        parse_config({"auth": {"tokens": ["${GATEWAY_TOKEN}"]}}, env={})
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"listener": {"prot": 1}}, "listener.prot"),
+        ({"cache": {"max_ttl_ms": 0}}, "cache.max_ttl_ms"),
+        ({"upstreams": {"a": {"url": "ftp://x"}}}, "upstreams.a.url"),
+        ({"upstreams": {"a": {"url": "http://x/mcp", "timeout": 3}}}, "upstreams.a.timeout"),
+        ({"upstreams": {"bad name": {"url": "http://x/mcp"}}}, "upstreams.bad name"),
+        ({"upstreams": {"a": {"url": "http://x/mcp", "headers": {"Host": "y"}}}}, "upstreams.a.headers"),
+        ({"surprise": 1}, "surprise"),
+        ({"auth": {"tokens": ["short"]}}, "auth.tokens.0"),
+    ],
+)
+def test_invalid_or_unknown_keys_are_named(data: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, env={})
+    assert key in str(info.value)
+
+
+def test_gateway_auth_and_forward_authorization_cannot_be_combined() -> None:
+    with pytest.raises(ConfigError, match="forward_authorization"):
+        parse_config(
+            {
+                "auth": {"tokens": ["x" * 20]},
+                "upstreams": {"a": {"url": "http://x/mcp", "forward_authorization": True}},
+            },
+            env={},
+        )
+
+
+def test_config_is_frozen() -> None:
+    config = parse_config({}, env={})
+    with pytest.raises(Exception):  # noqa: B017 - pydantic raises its ValidationError
+        config.listener.port = 1  # type: ignore[misc]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_check_config_exits_0_for_a_good_file() -> None:
+    done = run_cli("check-config", str(ROOT / "config" / "example.toml"))
+    assert done.returncode == 0, done.stderr
+
+
+def test_check_config_exits_2_naming_the_bad_key(tmp_path: Path) -> None:
+    path = write(tmp_path, '[upstreams.a]\nurl = "http://127.0.0.1:1/mcp"\ntimeout_s = "soon"\n')
+    done = run_cli("check-config", str(path))
+    assert done.returncode == 2
+    assert "upstreams.a.timeout_s" in done.stderr
+
+
+def test_check_config_exits_2_on_bad_toml_and_missing_file(tmp_path: Path) -> None:
+    assert run_cli("check-config", str(write(tmp_path, "[listener\n"))).returncode == 2
+    assert run_cli("check-config", str(tmp_path / "nope.toml")).returncode == 2

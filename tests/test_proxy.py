@@ -1,0 +1,553 @@
+"""The MCP route (gateway.proxy) against small scripted aiohttp upstreams.
+
+These upstreams produce what real MCP servers will not: garbage, hangs, HTML error pages,
+redirects, cut streams, wrong ids. Real SDK servers are exercised in test_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from gateway.app import STORE, create_app
+from gateway.config import parse_config
+from gateway.protocol import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+
+V = "2026-07-28"
+TOKEN = "gateway-token-0123456789"
+ADMIN = "admin-token-0123456789ab"
+Handler = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
+
+
+def rpc(method: str, id_: object = 1, caps: object = None, **params: Any) -> dict[str, Any]:
+    meta = {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: {} if caps is None else caps}
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": {"_meta": meta, **params}}
+
+
+def mcp_headers(method: str, name: str | None = None, **extra: str) -> dict[str, str]:
+    h = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": V,
+        "Mcp-Method": method,
+    }
+    if name is not None:
+        h["Mcp-Name"] = name
+    h.update(extra)
+    return h
+
+
+def list_result(msg: dict[str, Any], scope: str = "public", ttl: int = 60_000) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": msg["id"],
+        "result": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}], "resultType": "complete",
+                   "cacheScope": scope, "ttlMs": ttl},
+    }
+
+
+class Scripted:
+    """An upstream whose answer per JSON-RPC method is set by the test; records every request."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, bytes, dict[str, str]]] = []
+        self.handlers: dict[str, Handler] = {}
+        self.cancelled = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        self.requests.append((request.method, body, dict(request.headers)))
+        try:
+            msg = orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError:
+            msg = {}
+        method = msg.get("method", request.method) if isinstance(msg, dict) else "batch"
+        handler = self.handlers.get(method, self.handlers.get("*"))
+        try:
+            if handler is None:
+                return web.json_response(list_result(msg))
+            return await handler(request, msg)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+    def count(self, method: str) -> int:
+        return sum(1 for _, body, _ in self.requests if body and orjson.loads(body).get("method") == method)
+
+
+class Env:
+    def __init__(self, client: TestClient[Any, Any], upstream: Scripted, app: web.Application) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.app = app
+
+    async def post(self, msg: object, headers: dict[str, str] | None = None, name: str = "up",
+                   raw: bytes | None = None) -> aiohttp.ClientResponse:
+        method = msg.get("method", "x") if isinstance(msg, dict) else "x"
+        hdrs = mcp_headers(method) if headers is None else headers
+        data = raw if raw is not None else orjson.dumps(msg)
+        return await self.client.post(f"/servers/{name}/mcp", data=data, headers=hdrs)
+
+
+@pytest.fixture
+async def make_env(aiohttp_server: Any, aiohttp_client: Any) -> Callable[..., Awaitable[Env]]:
+    async def make(upstream_opts: dict[str, Any] | None = None, **config: Any) -> Env:
+        scripted = Scripted()
+        up_app = web.Application()
+        up_app.router.add_route("*", "/mcp", scripted.handle)
+        up_server: TestServer = await aiohttp_server(up_app)
+        cfg: dict[str, Any] = {
+            "upstreams": {"up": {"url": str(up_server.make_url("/mcp")), **(upstream_opts or {})}},
+            **config,
+        }
+        app = create_app(parse_config(cfg, env={}))
+        client = await aiohttp_client(await aiohttp_server(app))
+        return Env(client, scripted, app)
+
+    return make
+
+
+async def jsonrpc_error(resp: aiohttp.ClientResponse) -> tuple[int, int, object]:
+    body = await resp.json()
+    assert body["jsonrpc"] == "2.0"
+    assert "Cache-Status" in resp.headers
+    return resp.status, body["error"]["code"], body.get("id")
+
+
+# -- validation: nothing reaches the upstream -------------------------------------------------
+
+
+async def test_unknown_upstream_is_404_with_a_jsonrpc_error(make_env: Any) -> None:
+    env = await make_env()
+    resp = await env.post(rpc("tools/list"), name="nope")
+    assert await jsonrpc_error(resp) == (404, -32601, None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "headers", "expected"),
+    [
+        (b"{nope", None, (400, -32700, None)),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', None, (400, -32600, None)),
+        (orjson.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"_meta": {}}}), None,
+         (400, -32602, 5)),
+        (orjson.dumps(rpc("tools/list", id_="a")), mcp_headers("tools/list", **{"MCP-Protocol-Version": "2099-01-01"}),
+         (400, -32020, "a")),
+        (orjson.dumps(rpc("tools/list", id_=3)), mcp_headers("prompts/list"), (400, -32020, 3)),
+        (orjson.dumps(rpc("tools/call", id_=4, name="add")), mcp_headers("tools/call", name="sub"), (400, -32020, 4)),
+        (orjson.dumps(rpc("tools/call", id_=4, name="add")), mcp_headers("tools/call"), (400, -32020, 4)),
+    ],
+)
+async def test_invalid_requests_get_the_spec_status_and_code_and_never_reach_upstream(
+    make_env: Any, raw: bytes, headers: dict[str, str] | None, expected: tuple[int, int, object]
+) -> None:
+    env = await make_env()
+    resp = await env.post({}, headers=headers or mcp_headers("tools/list"), raw=raw)
+    assert await jsonrpc_error(resp) == expected
+    assert env.upstream.requests == []
+
+
+async def test_modern_meta_without_version_header_is_400_header_mismatch(make_env: Any) -> None:
+    env = await make_env()
+    headers = mcp_headers("tools/list")
+    del headers["MCP-Protocol-Version"]
+    resp = await env.post(rpc("tools/list", id_=9), headers=headers)
+    assert await jsonrpc_error(resp) == (400, -32020, 9)
+
+
+async def test_oversized_body_is_413_and_the_gateway_keeps_serving(make_env: Any) -> None:
+    env = await make_env(listener={"max_body_bytes": 1000})
+    resp = await env.post(rpc("tools/list", pad="x" * 5000))
+    assert resp.status == 413
+    assert (await resp.json())["error"]["code"] == -32600
+    ok = await env.post(rpc("tools/list"))
+    assert ok.status == 200
+
+
+# -- upstream failures --------------------------------------------------------------------------
+
+
+async def test_refused_upstream_is_502_with_the_callers_id(aiohttp_server: Any, aiohttp_client: Any) -> None:
+    cfg = parse_config({"upstreams": {"up": {"url": "http://127.0.0.1:9/mcp", "connect_timeout_s": 1}}}, env={})
+    client = await aiohttp_client(await aiohttp_server(create_app(cfg)))
+    resp = await client.post("/servers/up/mcp", data=orjson.dumps(rpc("tools/call", id_=77, name="x")),
+                             headers=mcp_headers("tools/call", name="x"))
+    assert await jsonrpc_error(resp) == (502, -32603, 77)
+
+
+async def test_hanging_upstream_is_504_and_others_stay_fast(make_env: Any) -> None:
+    env = await make_env({"timeout_s": 0.3})
+
+    async def hang(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        await asyncio.sleep(30)
+        raise AssertionError("unreachable")
+
+    env.upstream.handlers["tools/call"] = hang
+    slow = asyncio.create_task(env.post(rpc("tools/call", id_="slow", name="x"), headers=mcp_headers("tools/call", name="x")))
+    fast = await env.post(rpc("tools/list"))
+    assert fast.status == 200 and not slow.done()
+    assert await jsonrpc_error(await slow) == (504, -32603, "slow")
+
+
+@pytest.mark.parametrize(
+    ("status", "ctype", "payload"),
+    [
+        (200, "text/html", b"<html>oops</html>"),
+        (200, "application/json", b"garbage{"),
+        (200, "application/json", b'{"jsonrpc":"2.0","id":999,"result":{}}'),
+        (200, "application/json", b'{"hello":"world"}'),
+        (502, "text/html", b"<html><h1>502 Bad Gateway</h1></html>"),
+        (500, "text/plain", b"Internal Server Error"),
+    ],
+)
+async def test_non_jsonrpc_answers_become_502_with_the_callers_id(
+    make_env: Any, status: int, ctype: str, payload: bytes
+) -> None:
+    env = await make_env()
+
+    async def bad(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        return web.Response(status=status, body=payload, content_type=ctype)
+
+    env.upstream.handlers["*"] = bad
+    resp = await env.post(rpc("tools/list", id_="x1"))
+    assert await jsonrpc_error(resp) == (502, -32603, "x1")
+    assert len(env.app[STORE]) == 0
+
+
+async def test_redirects_are_not_followed(make_env: Any, aiohttp_server: Any) -> None:
+    hits: list[str] = []
+
+    async def target(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.json_response({})
+
+    other = web.Application()
+    other.router.add_route("*", "/{tail:.*}", target)
+    other_server = await aiohttp_server(other)
+    env = await make_env()
+
+    async def redirect(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        raise web.HTTPTemporaryRedirect(str(other_server.make_url("/steal")))
+
+    env.upstream.handlers["*"] = redirect
+    resp = await env.post(rpc("tools/list", id_=2))
+    assert await jsonrpc_error(resp) == (502, -32603, 2)
+    assert hits == []
+
+
+async def test_upstream_4xx_jsonrpc_errors_and_auth_challenges_pass_through_unchanged(make_env: Any) -> None:
+    env = await make_env()
+    unsupported = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32022, "message": "no",
+                                                          "data": {"supported": ["2026-07-28"], "requested": "x"}}}
+
+    async def e400(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        return web.Response(status=400, body=orjson.dumps(unsupported), content_type="application/json")
+
+    async def e401(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        return web.Response(status=401, text="", headers={"WWW-Authenticate": 'Bearer resource_metadata="https://x"'})
+
+    env.upstream.handlers["tools/list"] = e400
+    env.upstream.handlers["prompts/list"] = e401
+    resp = await env.post(rpc("tools/list"))
+    assert resp.status == 400 and await resp.json() == unsupported
+    resp = await env.post(rpc("prompts/list"))
+    assert resp.status == 401
+    assert resp.headers["WWW-Authenticate"] == 'Bearer resource_metadata="https://x"'
+
+
+async def test_oversized_upstream_response_is_502(make_env: Any) -> None:
+    env = await make_env({"max_response_bytes": 2000})
+
+    async def big(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        res = list_result(msg)
+        res["result"]["pad"] = "x" * 10_000
+        return web.json_response(res)
+
+    env.upstream.handlers["*"] = big
+    assert (await jsonrpc_error(await env.post(rpc("tools/list"))))[:2] == (502, -32603)
+
+
+async def test_public_answer_over_max_entry_bytes_is_forwarded_not_stored(make_env: Any) -> None:
+    env = await make_env(cache={"max_entry_bytes": 500})
+
+    async def big(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        res = list_result(msg)
+        res["result"]["pad"] = "x" * 1000
+        return web.json_response(res)
+
+    env.upstream.handlers["*"] = big
+    for _ in range(2):
+        resp = await env.post(rpc("tools/list"))
+        assert resp.status == 200 and "detail=too-large" in resp.headers["Cache-Status"]
+    assert env.upstream.count("tools/list") == 2
+
+
+async def test_gzip_upstream_bodies_are_decoded(make_env: Any) -> None:
+    env = await make_env()
+
+    async def gz(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.json_response(list_result(msg))
+        resp.enable_compression(web.ContentCoding.gzip)
+        return resp
+
+    env.upstream.handlers["*"] = gz
+    resp = await env.post(rpc("tools/list", id_=3))
+    assert resp.status == 200 and (await resp.json())["id"] == 3
+    assert "Content-Encoding" not in resp.headers
+
+
+# -- caching over HTTP --------------------------------------------------------------------------
+
+
+async def test_second_public_list_is_a_hit_with_own_id(make_env: Any) -> None:
+    env = await make_env()
+    first = await env.post(rpc("tools/list", id_=1))
+    assert "fwd=miss" in first.headers["Cache-Status"] and "stored" in first.headers["Cache-Status"]
+    second = await env.post(rpc("tools/list", id_="two"))
+    body = await second.json()
+    assert second.headers["Cache-Status"].startswith("mcp-gateway; hit; ttl=")
+    assert body["id"] == "two" and body["result"]["tools"][0]["name"] == "t"
+    assert 0 < body["result"]["ttlMs"] <= 60_000
+    assert env.upstream.count("tools/list") == 1
+
+
+async def test_errors_are_never_cached(make_env: Any) -> None:
+    env = await make_env()
+
+    async def err(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32602, "message": "bad"}})
+
+    env.upstream.handlers["*"] = err
+    for _ in range(2):
+        resp = await env.post(rpc("tools/list"))
+        assert "detail=error" in resp.headers["Cache-Status"]
+    assert env.upstream.count("tools/list") == 2
+
+
+async def test_every_mcp_response_carries_cache_status(make_env: Any) -> None:
+    env = await make_env()
+    for msg, hdrs in [
+        (rpc("tools/list"), None),
+        (rpc("tools/list"), None),
+        (rpc("tools/call", name="x"), mcp_headers("tools/call", name="x")),
+        ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}, {"Content-Type": "application/json"}),
+        (rpc("tools/list"), mcp_headers("nope")),
+    ]:
+        resp = await env.post(msg, headers=hdrs)
+        assert resp.headers["Cache-Status"].startswith("mcp-gateway")
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+def sse(msg: object) -> bytes:
+    return b"event: message\r\ndata: " + orjson.dumps(msg) + b"\r\n\r\n"
+
+
+async def test_sse_is_relayed_event_by_event_without_buffering(make_env: Any) -> None:
+    env = await make_env()
+    release = asyncio.Event()
+
+    async def stream(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}))
+        await release.wait()
+        await resp.write(sse({"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [], "resultType": "complete"}}))
+        return resp
+
+    env.upstream.handlers["tools/call"] = stream
+    resp = await env.post(rpc("tools/call", name="x"), headers=mcp_headers("tools/call", name="x"))
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    assert resp.headers["X-Accel-Buffering"] == "no"
+    first = await asyncio.wait_for(resp.content.readuntil(b"\r\n\r\n"), 5)
+    assert b"notifications/progress" in first  # arrived while the upstream is still holding the rest
+    release.set()
+    rest = await asyncio.wait_for(resp.content.read(), 5)
+    assert b'"result"' in rest
+
+
+async def test_cacheable_sse_answer_stores_only_its_final_response(make_env: Any) -> None:
+    env = await make_env()
+
+    async def stream(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}))
+        await resp.write(sse(list_result(msg)))
+        return resp
+
+    env.upstream.handlers["tools/list"] = stream
+    first = await env.post(rpc("tools/list", id_=1))
+    assert b"notifications/progress" in await first.read()
+    second = await env.post(rpc("tools/list", id_=2))
+    assert second.headers["Content-Type"] == "application/json"
+    body = await second.json()
+    assert body["id"] == 2 and body["result"]["tools"][0]["name"] == "t"
+    assert env.upstream.count("tools/list") == 1
+
+
+async def test_cut_stream_ends_cleanly_with_an_error_and_stores_nothing(make_env: Any) -> None:
+    env = await make_env()
+
+    async def cut(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}))
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    env.upstream.handlers["tools/list"] = cut
+    resp = await env.post(rpc("tools/list", id_=5))
+    text = await resp.text()
+    assert "notifications/progress" in text
+    last = orjson.loads(text.strip().split("data: ")[-1])
+    assert last["id"] == 5 and last["error"]["code"] == -32603
+    assert len(env.app[STORE]) == 0
+    assert (await env.post(rpc("prompts/list"))).status == 200  # still serving
+
+
+async def test_client_disconnect_closes_the_upstream_request(make_env: Any) -> None:
+    env = await make_env()
+
+    async def forever(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b": ping\n\n")
+        await asyncio.sleep(30)
+        return resp
+
+    env.upstream.handlers["subscriptions/listen"] = forever
+    resp = await env.post(rpc("subscriptions/listen", notifications={"toolsListChanged": True}))
+    await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+    resp.close()
+    await asyncio.wait_for(env.upstream.cancelled.wait(), 5)
+
+
+async def test_notifications_get_the_upstreams_202(make_env: Any) -> None:
+    env = await make_env()
+
+    async def accept(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        return web.Response(status=202)
+
+    env.upstream.handlers["notifications/cancelled"] = accept
+    msg = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+    resp = await env.post(msg, headers=mcp_headers("notifications/cancelled"))
+    assert resp.status == 202 and await resp.read() == b""
+
+
+async def test_legacy_get_and_delete_pass_through_with_the_session(make_env: Any) -> None:
+    env = await make_env()
+
+    async def get(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        return web.Response(status=405, headers={"Allow": "POST"})
+
+    env.upstream.handlers["GET"] = get
+    env.upstream.handlers["DELETE"] = get
+    resp = await env.client.get("/servers/up/mcp", headers={"Mcp-Session-Id": "s1", "Accept": "text/event-stream"})
+    assert resp.status == 405 and resp.headers["Allow"] == "POST"
+    resp = await env.client.delete("/servers/up/mcp", headers={"Mcp-Session-Id": "s1"})
+    assert resp.status == 405
+    assert [h.get("Mcp-Session-Id") for m, _, h in env.upstream.requests] == ["s1", "s1"]
+
+
+# -- headers and security -----------------------------------------------------------------------
+
+
+async def test_forwarded_headers_are_the_allowed_set(make_env: Any) -> None:
+    env = await make_env({"headers": {"X-Upstream-Key": "k1"}})
+    hdrs = mcp_headers("tools/call", name="x", **{
+        "Mcp-Param-Region": "eu-west", "Authorization": "Bearer caller", "Cookie": "a=b",
+        "Proxy-Authorization": "x", "Connection": "keep-alive, X-Foo", "X-Foo": "1", "Origin-Trace": "t",
+    })
+    body = orjson.dumps(rpc("tools/call", name="x"))
+    await env.post({}, headers=hdrs, raw=body)
+    _, got_body, got = env.upstream.requests[-1]
+    assert got_body == body
+    assert got["Mcp-Param-Region"] == "eu-west" and got["Mcp-Name"] == "x" and got["X-Upstream-Key"] == "k1"
+    for banned in ("Authorization", "Cookie", "Proxy-Authorization", "X-Foo", "Origin-Trace"):
+        assert banned not in got
+    assert got["Host"].startswith("127.0.0.1:")
+
+
+async def test_authorization_is_forwarded_only_when_configured(make_env: Any) -> None:
+    env = await make_env({"forward_authorization": True})
+    await env.post({}, headers=mcp_headers("tools/list", Authorization="Bearer caller"), raw=orjson.dumps(rpc("tools/list")))
+    assert env.upstream.requests[-1][2]["Authorization"] == "Bearer caller"
+
+
+async def test_foreign_origin_is_403_even_on_a_hit(make_env: Any) -> None:
+    env = await make_env(listener={"allowed_origins": ["https://ok.example"]})
+    assert (await env.post(rpc("tools/list"))).status == 200
+    ok = await env.post(rpc("tools/list"), headers=mcp_headers("tools/list", Origin="https://ok.example"))
+    assert ok.status == 200
+    bad = await env.post(rpc("tools/list"), headers=mcp_headers("tools/list", Origin="https://evil.example"))
+    assert (await jsonrpc_error(bad))[:2] == (403, -32600)
+
+
+async def test_gateway_auth_is_checked_before_the_cache_and_never_forwarded(make_env: Any) -> None:
+    env = await make_env(auth={"tokens": [TOKEN]})
+    good = mcp_headers("tools/list", Authorization=f"Bearer {TOKEN}")
+    assert (await env.post(rpc("tools/list"), headers=good)).status == 200
+    assert "hit" in (await env.post(rpc("tools/list"), headers=good)).headers["Cache-Status"]
+    for auth in (None, "Bearer wrong-token-xxxxxxxxxxxx", f"Basic {TOKEN}", f"Bearer {TOKEN}x"):
+        hdrs = mcp_headers("tools/list") if auth is None else mcp_headers("tools/list", Authorization=auth)
+        resp = await env.post(rpc("tools/list", id_=8), headers=hdrs)
+        assert await jsonrpc_error(resp) == (401, -32600, 8)
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert all("Authorization" not in h for _, _, h in env.upstream.requests)
+
+
+async def test_inflight_limit_answers_503_with_retry_after(make_env: Any) -> None:
+    env = await make_env({"max_inflight": 1})
+    release = asyncio.Event()
+
+    async def slow(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [], "resultType": "complete"}})
+
+    env.upstream.handlers["tools/call"] = slow
+    first = asyncio.create_task(env.post(rpc("tools/call", name="x"), headers=mcp_headers("tools/call", name="x")))
+    while not env.upstream.requests:
+        await asyncio.sleep(0.01)
+    second = await env.post(rpc("tools/call", id_=2, name="x"), headers=mcp_headers("tools/call", name="x"))
+    assert await jsonrpc_error(second) == (503, -32603, 2)
+    assert second.headers["Retry-After"] == "1"
+    release.set()
+    assert (await first).status == 200
+
+
+async def test_admin_purge_requires_the_token_and_counts_removed_entries(make_env: Any) -> None:
+    env = await make_env(admin={"token": ADMIN})
+    await env.post(rpc("tools/list"))
+    await env.post(rpc("prompts/list"))
+    assert (await env.client.post("/admin/cache/purge")).status == 401
+    resp = await env.client.post("/admin/cache/purge?method=tools/list", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert await resp.json() == {"purged": 1}
+    resp = await env.client.post("/admin/cache/purge?upstream=up", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert await resp.json() == {"purged": 1}
+    resp = await env.client.post("/admin/cache/purge?upstream=zz", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert resp.status == 400
+
+
+async def test_admin_routes_do_not_exist_without_an_admin_token(make_env: Any) -> None:
+    env = await make_env()
+    assert (await env.client.post("/admin/cache/purge")).status == 404
+
+
+async def test_metrics_count_hits_and_misses(make_env: Any) -> None:
+    env = await make_env()
+    await env.post(rpc("tools/list"))
+    await env.post(rpc("tools/list"))
+    text = await (await env.client.get("/metrics")).text()
+    assert 'mcp_gateway_cache_lookups_total{method="tools/list",result="hit",upstream="up"} 1.0' in text
+    assert 'mcp_gateway_cache_lookups_total{method="tools/list",result="miss",upstream="up"} 1.0' in text
+    assert 'mcp_gateway_cache_stores_total{method="tools/list",outcome="stored",upstream="up"} 1.0' in text
+    assert "mcp_gateway_cache_entries 1.0" in text
