@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -115,6 +115,9 @@ class Proxy:
         self._tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
         self._origins = frozenset(config.listener.allowed_origins)
         self._vary = {name: config.vary_on_capabilities(name) for name in config.upstreams}
+        #: Called as ``on_success(upstream, protocol_version)`` after an upstream answered a
+        #: modern request with a JSON-RPC result (the registry's "observed" versions).
+        self.on_success: Callable[[str, str], None] | None = None
 
     # -- entry points -------------------------------------------------------------------
 
@@ -314,6 +317,8 @@ class Proxy:
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             code = message["error"].get("code")
             outcome.error_code = code if isinstance(code, int) else None
+        elif status == 200 and message is not None:
+            self._succeeded(upstream, parsed)
         if key is not None:
             cache_status = self._maybe_store(upstream, key, status, message, len(data), cache_status, outcome)
         headers = self._passthrough_headers(resp, cache_status)
@@ -345,6 +350,10 @@ class Proxy:
             outcome.extra["entry"] = entry
             return f"{fwd}; stored; ttl={entry.ttl_ms // 1000}"
         return f"{fwd}; detail={result.replace('_', '-')}"
+
+    def _succeeded(self, upstream: Upstream, parsed: ParsedRequest | None) -> None:
+        if self.on_success is not None and parsed is not None and parsed.era == "modern" and parsed.version:
+            self.on_success(upstream.name, parsed.version)
 
     def _update_size_gauges(self) -> None:
         self.metrics.cache_entries.set(len(self.store))
@@ -396,6 +405,8 @@ class Proxy:
         elif final is not None and isinstance(error_obj := final.get("error"), dict):
             code = error_obj.get("code")
             outcome.error_code = code if isinstance(code, int) else None
+        elif final is not None and resp.status == 200:
+            self._succeeded(upstream, parsed)
         if key is not None:
             if final is not None:
                 self._maybe_store(upstream, key, resp.status, final, final_size, cache_status, outcome)
