@@ -69,7 +69,7 @@ class Upstream:
         return self.log_path.read_text(errors="replace")
 
 
-class run_server:  # noqa: N801 - used like a function: `with run_server("x") as up`
+class run_server:  # used like a function: `with run_server("x") as up`
     """Context manager (sync and async) running ``tests/servers/<script>.py PORT``.
 
     ``env`` entries are added to (and override) the current environment, e.g.
@@ -154,7 +154,7 @@ class run_server:  # noqa: N801 - used like a function: `with run_server("x") as
     async def __aenter__(self) -> Upstream:
         up = self._start()
         deadline = time.monotonic() + self.startup_timeout
-        while not self._check(up, deadline):
+        while not self._check(up, deadline):  # noqa: ASYNC110 - polling a child process port
             await asyncio.sleep(0.05)
         return up
 

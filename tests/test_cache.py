@@ -129,7 +129,10 @@ def test_capabilities_are_keyed_canonically_and_can_be_disabled() -> None:
 def test_param_order_does_not_change_the_key() -> None:
     r1 = parse_request(
         b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":"x","_meta":{"'
-        + PROTOCOL_VERSION_KEY.encode() + b'":"2026-07-28","' + CLIENT_CAPABILITIES_KEY.encode() + b'":{}},"z":1}}',
+        + PROTOCOL_VERSION_KEY.encode()
+        + b'":"2026-07-28","'
+        + CLIENT_CAPABILITIES_KEY.encode()
+        + b'":{}},"z":1}}',
         CIMultiDict({"MCP-Protocol-Version": V, "Mcp-Method": "tools/list"}),
     )
     r2 = request(cursor="x", z=1)

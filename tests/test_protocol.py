@@ -75,9 +75,20 @@ def test_batch_is_invalid_request_400() -> None:
     assert (info.value.code, info.value.status) == (-32600, 400)
 
 
-@pytest.mark.parametrize("raw", [b"1", b'"x"', b"null", b'{"jsonrpc":"2.0","id":1}', b'{"jsonrpc":"2.0","id":null,"method":"x"}',
-                                 b'{"jsonrpc":"2.0","id":1.5,"method":"x"}', b'{"jsonrpc":"2.0","id":true,"method":"x"}',
-                                 b'{"jsonrpc":"1.0","id":1,"method":"tools/list"}', b'{"jsonrpc":"2.0","id":1,"method":7}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"1",
+        b'"x"',
+        b"null",
+        b'{"jsonrpc":"2.0","id":1}',
+        b'{"jsonrpc":"2.0","id":null,"method":"x"}',
+        b'{"jsonrpc":"2.0","id":1.5,"method":"x"}',
+        b'{"jsonrpc":"2.0","id":true,"method":"x"}',
+        b'{"jsonrpc":"1.0","id":1,"method":"tools/list"}',
+        b'{"jsonrpc":"2.0","id":1,"method":7}',
+    ],
+)
 def test_non_request_objects_are_invalid_request(raw: bytes) -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(raw, headers("tools/list"))
@@ -130,7 +141,9 @@ def test_mcp_method_header_missing_or_different_is_header_mismatch(mcp_method: s
         parse_request(body("tools/list"), h)
 
 
-@pytest.mark.parametrize(("method", "field"), [("tools/call", "name"), ("prompts/get", "name"), ("resources/read", "uri")])
+@pytest.mark.parametrize(
+    ("method", "field"), [("tools/call", "name"), ("prompts/get", "name"), ("resources/read", "uri")]
+)
 def test_mcp_name_must_mirror_the_body(method: str, field: str) -> None:
     raw = body(method, {field: "res://café" if field == "uri" else "add"})
     value = "res://café" if field == "uri" else "add"
@@ -165,9 +178,7 @@ def test_legacy_traffic_is_recognised_and_never_cacheable(raw: bytes, hdrs: CIMu
 
 
 def test_unknown_modern_version_is_forwarded_uncached() -> None:
-    raw = orjson.dumps(
-        {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta("2099-01-01")}}
-    )
+    raw = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta("2099-01-01")}})
     parsed = parse_request(raw, headers("tools/list", version="2099-01-01"))
     assert parsed.era == "modern" and parsed.cache_bypass == "unknown-version"
 
@@ -212,8 +223,11 @@ def test_header_values_round_trip_through_the_base64_sentinel(value: str) -> Non
     assert decode_header_value(encoded) == value
 
 
-@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n")), min_size=1),
-       st.sampled_from([b"\n", b"\r\n", b"\r"]), st.integers(min_value=1, max_value=7))
+@given(
+    st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n")), min_size=1),
+    st.sampled_from([b"\n", b"\r\n", b"\r"]),
+    st.integers(min_value=1, max_value=7),
+)
 def test_sse_parser_reassembles_events_split_anywhere(lines: list[str], eol: bytes, step: int) -> None:
     data = [line.encode() for line in lines]
     stream = b": keep-alive" + eol + b"event: message" + eol

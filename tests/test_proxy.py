@@ -48,8 +48,12 @@ def list_result(msg: dict[str, Any], scope: str = "public", ttl: int = 60_000) -
     return {
         "jsonrpc": "2.0",
         "id": msg["id"],
-        "result": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}], "resultType": "complete",
-                   "cacheScope": scope, "ttlMs": ttl},
+        "result": {
+            "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
+            "resultType": "complete",
+            "cacheScope": scope,
+            "ttlMs": ttl,
+        },
     }
 
 
@@ -88,8 +92,9 @@ class Env:
         self.upstream = upstream
         self.app = app
 
-    async def post(self, msg: object, headers: dict[str, str] | None = None, name: str = "up",
-                   raw: bytes | None = None) -> aiohttp.ClientResponse:
+    async def post(
+        self, msg: object, headers: dict[str, str] | None = None, name: str = "up", raw: bytes | None = None
+    ) -> aiohttp.ClientResponse:
         method = msg.get("method", "x") if isinstance(msg, dict) else "x"
         hdrs = mcp_headers(method) if headers is None else headers
         data = raw if raw is not None else orjson.dumps(msg)
@@ -135,10 +140,16 @@ async def test_unknown_upstream_is_404_with_a_jsonrpc_error(make_env: Any) -> No
     [
         (b"{nope", None, (400, -32700, None)),
         (b'[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]', None, (400, -32600, None)),
-        (orjson.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"_meta": {}}}), None,
-         (400, -32602, 5)),
-        (orjson.dumps(rpc("tools/list", id_="a")), mcp_headers("tools/list", **{"MCP-Protocol-Version": "2099-01-01"}),
-         (400, -32020, "a")),
+        (
+            orjson.dumps({"jsonrpc": "2.0", "id": 5, "method": "tools/list", "params": {"_meta": {}}}),
+            None,
+            (400, -32602, 5),
+        ),
+        (
+            orjson.dumps(rpc("tools/list", id_="a")),
+            mcp_headers("tools/list", **{"MCP-Protocol-Version": "2099-01-01"}),
+            (400, -32020, "a"),
+        ),
         (orjson.dumps(rpc("tools/list", id_=3)), mcp_headers("prompts/list"), (400, -32020, 3)),
         (orjson.dumps(rpc("tools/call", id_=4, name="add")), mcp_headers("tools/call", name="sub"), (400, -32020, 4)),
         (orjson.dumps(rpc("tools/call", id_=4, name="add")), mcp_headers("tools/call"), (400, -32020, 4)),
@@ -176,8 +187,11 @@ async def test_oversized_body_is_413_and_the_gateway_keeps_serving(make_env: Any
 async def test_refused_upstream_is_502_with_the_callers_id(aiohttp_server: Any, aiohttp_client: Any) -> None:
     cfg = parse_config({"upstreams": {"up": {"url": "http://127.0.0.1:9/mcp", "connect_timeout_s": 1}}}, env={})
     client = await aiohttp_client(await aiohttp_server(create_app(cfg)))
-    resp = await client.post("/servers/up/mcp", data=orjson.dumps(rpc("tools/call", id_=77, name="x")),
-                             headers=mcp_headers("tools/call", name="x"))
+    resp = await client.post(
+        "/servers/up/mcp",
+        data=orjson.dumps(rpc("tools/call", id_=77, name="x")),
+        headers=mcp_headers("tools/call", name="x"),
+    )
     assert await jsonrpc_error(resp) == (502, -32603, 77)
 
 
@@ -189,7 +203,9 @@ async def test_hanging_upstream_is_504_and_others_stay_fast(make_env: Any) -> No
         raise AssertionError("unreachable")
 
     env.upstream.handlers["tools/call"] = hang
-    slow = asyncio.create_task(env.post(rpc("tools/call", id_="slow", name="x"), headers=mcp_headers("tools/call", name="x")))
+    slow = asyncio.create_task(
+        env.post(rpc("tools/call", id_="slow", name="x"), headers=mcp_headers("tools/call", name="x"))
+    )
     fast = await env.post(rpc("tools/list"))
     assert fast.status == 200 and not slow.done()
     assert await jsonrpc_error(await slow) == (504, -32603, "slow")
@@ -243,8 +259,11 @@ async def test_redirects_are_not_followed(make_env: Any, aiohttp_server: Any) ->
 
 async def test_upstream_4xx_jsonrpc_errors_and_auth_challenges_pass_through_unchanged(make_env: Any) -> None:
     env = await make_env()
-    unsupported = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32022, "message": "no",
-                                                          "data": {"supported": ["2026-07-28"], "requested": "x"}}}
+    unsupported = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {"code": -32022, "message": "no", "data": {"supported": ["2026-07-28"], "requested": "x"}},
+    }
 
     async def e400(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         return web.Response(status=400, body=orjson.dumps(unsupported), content_type="application/json")
@@ -463,10 +482,19 @@ async def test_legacy_get_and_delete_pass_through_with_the_session(make_env: Any
 
 async def test_forwarded_headers_are_the_allowed_set(make_env: Any) -> None:
     env = await make_env({"headers": {"X-Upstream-Key": "k1"}})
-    hdrs = mcp_headers("tools/call", name="x", **{
-        "Mcp-Param-Region": "eu-west", "Authorization": "Bearer caller", "Cookie": "a=b",
-        "Proxy-Authorization": "x", "Connection": "keep-alive, X-Foo", "X-Foo": "1", "Origin-Trace": "t",
-    })
+    hdrs = mcp_headers(
+        "tools/call",
+        name="x",
+        **{
+            "Mcp-Param-Region": "eu-west",
+            "Authorization": "Bearer caller",
+            "Cookie": "a=b",
+            "Proxy-Authorization": "x",
+            "Connection": "keep-alive, X-Foo",
+            "X-Foo": "1",
+            "Origin-Trace": "t",
+        },
+    )
     body = orjson.dumps(rpc("tools/call", name="x"))
     await env.post({}, headers=hdrs, raw=body)
     _, got_body, got = env.upstream.requests[-1]
@@ -479,7 +507,9 @@ async def test_forwarded_headers_are_the_allowed_set(make_env: Any) -> None:
 
 async def test_authorization_is_forwarded_only_when_configured(make_env: Any) -> None:
     env = await make_env({"forward_authorization": True})
-    await env.post({}, headers=mcp_headers("tools/list", Authorization="Bearer caller"), raw=orjson.dumps(rpc("tools/list")))
+    await env.post(
+        {}, headers=mcp_headers("tools/list", Authorization="Bearer caller"), raw=orjson.dumps(rpc("tools/list"))
+    )
     assert env.upstream.requests[-1][2]["Authorization"] == "Bearer caller"
 
 
@@ -511,11 +541,13 @@ async def test_inflight_limit_answers_503_with_retry_after(make_env: Any) -> Non
 
     async def slow(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         await release.wait()
-        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [], "resultType": "complete"}})
+        return web.json_response(
+            {"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [], "resultType": "complete"}}
+        )
 
     env.upstream.handlers["tools/call"] = slow
     first = asyncio.create_task(env.post(rpc("tools/call", name="x"), headers=mcp_headers("tools/call", name="x")))
-    while not env.upstream.requests:
+    while not env.upstream.requests:  # noqa: ASYNC110 - waiting for the upstream to see the first request
         await asyncio.sleep(0.01)
     second = await env.post(rpc("tools/call", id_=2, name="x"), headers=mcp_headers("tools/call", name="x"))
     assert await jsonrpc_error(second) == (503, -32603, 2)
