@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 
 tools:
 	bash scripts/install-tools.sh
+	bash scripts/check-deploy.sh install
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway tests
