@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 import cachetools
-import orjson
 
-from .protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest
+from .protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest, dumps
 
 __all__ = [
     "CacheEntry",
@@ -45,7 +44,7 @@ STORED: Final = "stored"
 
 def canonical_json(value: object) -> bytes:
     """Deterministic JSON: sorted keys, no insignificant white space."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    return dumps(value, sort_keys=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +65,11 @@ class CacheKey:
 
 
 def make_key(upstream: str, request: ParsedRequest, *, vary_on_capabilities: bool) -> CacheKey:
-    """The cache key of a validated, cacheable modern request."""
+    """The cache key of a validated, cacheable modern request.
+
+    Raises:
+        ValueError: the params hold a non-finite number (such a request is not cached).
+    """
     assert request.method is not None and request.version is not None and request.params is not None
     params = request.params
     meta = params.get("_meta")
@@ -131,7 +134,7 @@ class CacheEntry:
 
 
 _PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)
-_PLACEHOLDER_JSON: Final = orjson.dumps(_PLACEHOLDER)
+_PLACEHOLDER_JSON: Final = dumps(_PLACEHOLDER)
 
 
 def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> CacheEntry | None:
@@ -143,7 +146,10 @@ def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> Cach
     result = dict(message["result"])
     ttl_ms = min(int(result["ttlMs"]), max_ttl_ms)
     result["ttlMs"] = _PLACEHOLDER
-    rendered = b',"result":' + orjson.dumps(result) + b"}"
+    try:
+        rendered = b',"result":' + dumps(result) + b"}"
+    except ValueError:  # a non-finite number parsed from an exotic literal: not storable
+        return None
     parts = rendered.split(_PLACEHOLDER_JSON)
     if len(parts) != 2:
         return None

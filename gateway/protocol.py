@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -35,7 +37,9 @@ __all__ = [
     "ParsedRequest",
     "SSEParser",
     "decode_header_value",
+    "dumps",
     "error_body",
+    "loads",
     "method_label",
     "parse_request",
     "response_id_matches",
@@ -171,6 +175,43 @@ class GatewayTimeout(GatewayError):
     status = 504
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+#: orjson turns integers outside [-2**63, 2**64) into floats, silently: any run of 19+
+#: digits sends the text to the standard library, which keeps integers exact.
+_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
+
+
+def loads(data: bytes) -> Any:
+    """Parse JSON (RFC 8259) exactly: orjson, or the standard library for what orjson
+    refuses or rounds but JSON allows (integers beyond 64 bits, lone surrogate escapes).
+
+    Raises:
+        ValueError: not JSON (``NaN``/``Infinity`` literals included).
+    """
+    if _LONG_DIGITS.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data, parse_constant=_reject_constant)
+
+
+def dumps(value: object, *, sort_keys: bool = False) -> bytes:
+    """Serialise to compact JSON with orjson; values orjson cannot write (integers beyond
+    64 bits, lone surrogates) go through the standard library, ASCII-escaped.
+
+    Raises:
+        ValueError: ``value`` holds a non-finite float (no JSON for it).
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), allow_nan=False).encode()
+
+
 def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
     """Serialise a JSON-RPC 2.0 error response; ``id`` is left out when ``None`` (basic/index)."""
     err: dict[str, object] = {"code": code, "message": message}
@@ -180,7 +221,7 @@ def error_body(code: int, message: str, request_id: object = None, data: object 
     if request_id is not None:
         msg["id"] = request_id
     msg["error"] = err
-    return orjson.dumps(msg)
+    return dumps(msg)
 
 
 def method_label(method: str | None) -> str:
@@ -250,8 +291,8 @@ def parse_request(body: bytes, headers: Mapping[str, str]) -> ParsedRequest:
             ``Mcp-Name`` header is missing or disagrees with the body (-32020).
     """
     try:
-        msg = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
+        msg = loads(body)
+    except ValueError as exc:
         raise ParseError("Parse error: body is not valid JSON") from exc
     if isinstance(msg, list):
         raise InvalidRequest("Invalid Request: JSON-RPC batches are not supported")

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -30,6 +29,8 @@ from .protocol import (
     GatewayError,
     ParsedRequest,
     SSEParser,
+    dumps,
+    loads,
     method_label,
     parse_request,
     response_id_matches,
@@ -174,7 +175,11 @@ class Proxy:
             status = _status("fwd=bypass", f"detail={parsed.cache_bypass}")
             return await self._forward(request, upstream, body, parsed, None, status, outcome)
 
-        key = make_key(upstream.name, parsed, vary_on_capabilities=self._vary[upstream.name])
+        try:
+            key = make_key(upstream.name, parsed, vary_on_capabilities=self._vary[upstream.name])
+        except ValueError:
+            status = _status("fwd=bypass", "detail=uncacheable")
+            return await self._forward(request, upstream, body, parsed, None, status, outcome)
         entry = self.store.get(key)
         if entry is not None:
             return self._hit(parsed, entry, upstream.name, outcome, collapsed=False)
@@ -203,7 +208,7 @@ class Proxy:
         now = self.clock()
         outcome.cache = "hit"
         self.metrics.cache_lookups.labels(upstream, outcome.method, "coalesced" if collapsed else "hit").inc()
-        body = entry.response(orjson.dumps(parsed.request_id), now)
+        body = entry.response(dumps(parsed.request_id), now)
         ttl_s = entry.remaining_ms(now) // 1000
         status = _status("hit", f"ttl={ttl_s}", "collapsed") if collapsed else _status("hit", f"ttl={ttl_s}")
         outcome.extra["cache_status"] = status
@@ -274,7 +279,8 @@ class Proxy:
         except GatewayError as err:
             if parsed is not None and err.request_id is None:
                 err.request_id = parsed.request_id
-            outcome.extra["cache_status"] = cache_status + "; detail=upstream-error"
+            # One detail only: the failure replaces the bypass reason.
+            outcome.extra["cache_status"] = cache_status.split("; detail=")[0] + "; detail=upstream-error"
             raise
         finally:
             upstream.inflight -= 1
@@ -306,8 +312,8 @@ class Proxy:
         expects_response = parsed is not None and parsed.kind == "request"
         if expects_response and (200 <= status < 300 or status >= 500):
             try:
-                message = orjson.loads(data)
-            except orjson.JSONDecodeError:
+                message = loads(data)
+            except ValueError:
                 message = None
             assert parsed is not None
             if not response_id_matches(message, parsed.request_id):
@@ -387,8 +393,8 @@ class Proxy:
                 if parser is not None and final is None:
                     for data in parser.feed(chunk):
                         try:
-                            message = orjson.loads(data)
-                        except orjson.JSONDecodeError:
+                            message = loads(data)
+                        except ValueError:
                             continue
                         if response_id_matches(message, request_id):
                             final, final_size = message, len(data)

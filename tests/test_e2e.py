@@ -655,11 +655,6 @@ async def test_gateway_token_is_checked_before_the_cache_and_not_forwarded(
 BIG = 10**308  # a valid double; the sum 2e308 is not
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway bug: proxy._relay_body parses the upstream answer with orjson, which rejects integers "
-    "beyond the double range, so a valid 200 answer becomes a 502 BadGateway",
-)
 async def test_tools_call_answer_with_a_huge_integer_passes_through(
     gw: RunningGateway, http: aiohttp.ClientSession, public_up: Upstream
 ) -> None:
@@ -671,11 +666,6 @@ async def test_tools_call_answer_with_a_huge_integer_passes_through(
     assert via.raw == direct.raw
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway bug: proxy._relay_stream cannot parse the upstream's final SSE event (orjson, integer "
-    "beyond the double range), so after relaying it appends a second response for the same id (-32603)",
-)
 async def test_streamed_answer_with_a_huge_integer_is_relayed_once(
     gw: RunningGateway, http: aiohttp.ClientSession, public_up: Upstream
 ) -> None:
@@ -697,11 +687,6 @@ async def test_streamed_answer_with_a_huge_integer_is_relayed_once(
     assert responses[0]["result"]["structuredContent"] == {"result": 2 * BIG}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway bug: protocol.parse_request uses orjson, which turns integers above 2**64 into floats "
-    "(id rejected with -32600) and rejects lone surrogate escapes (-32700); the upstream accepts both",
-)
 @pytest.mark.parametrize(
     ("request_id", "text"),
     [(2**64 + 1, "plain"), (1, "\\ud800 lone surrogate")],

@@ -254,3 +254,24 @@ def test_response_id_must_match_in_value_and_type() -> None:
     assert not response_id_matches({"jsonrpc": "2.0", "id": 2, "result": {}}, 1)
     assert not response_id_matches({"jsonrpc": "2.0", "id": 1}, 1)
     assert not response_id_matches(["x"], 1)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"18446744073709551617", b"-9223372036854775809", b'{"a":[123456789012345678901234567890]}', b'"\\ud800"'],
+)
+def test_loads_is_exact_where_orjson_would_round_or_refuse(raw: bytes) -> None:
+    import json
+
+    from gateway.protocol import dumps, loads
+
+    assert loads(raw) == json.loads(raw)
+    assert loads(dumps(loads(raw))) == json.loads(raw)
+
+
+@pytest.mark.parametrize("raw", [b"NaN", b"[Infinity]", b"-Infinity"])
+def test_loads_rejects_non_json_constants(raw: bytes) -> None:
+    from gateway.protocol import loads
+
+    with pytest.raises(ValueError):
+        loads(raw)
