@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
@@ -17,9 +19,10 @@ from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .protocol import KNOWN_METHODS, error_body
 from .proxy import Proxy
+from .registry import Registry, RegistryViews
 from .upstream import Upstream
 
-__all__ = ["CONFIG", "METRICS", "PROXY", "STORE", "UPSTREAMS", "create_app"]
+__all__ = ["CONFIG", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
 
 CONFIG: Final = web.AppKey("config", GatewayConfig)
 METRICS: Final = web.AppKey("metrics", GatewayMetrics)
@@ -27,6 +30,7 @@ STORE: Final = web.AppKey("store", MemoryStore)
 UPSTREAMS: Final = web.AppKey("upstreams", dict[str, Upstream])
 PROXY: Final = web.AppKey("proxy", Proxy)
 READY: Final = web.AppKey("ready", list[bool])
+REGISTRY: Final = web.AppKey("registry", Registry)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -52,12 +56,16 @@ def create_app(
     *,
     clock: Clock = time.monotonic,
     metrics_registry: CollectorRegistry | None = None,
+    rng: Callable[[], float] = random.random,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> web.Application:
     """Build the gateway for ``config``.
 
     ``clock`` gives monotonic seconds and drives cache expiry (tests pass a fake one);
-    ``metrics_registry`` receives every metric (a fresh ``CollectorRegistry`` by default).
-    The shared ``aiohttp.ClientSession`` is opened and closed in ``cleanup_ctx``.
+    ``metrics_registry`` receives every metric (a fresh ``CollectorRegistry`` by default);
+    ``rng`` (floats in ``[0, 1)``) and ``sleep`` (seconds) drive the registry's jittered probe
+    schedule. The shared ``aiohttp.ClientSession`` and the registry's background tasks (probes,
+    listen streams; only with a ``[registry]`` table) are started and stopped in ``cleanup_ctx``.
     """
     app = web.Application(client_max_size=config.listener.max_body_bytes, middlewares=[_no_tracebacks])
     metrics = GatewayMetrics(metrics_registry if metrics_registry is not None else CollectorRegistry())
@@ -69,12 +77,15 @@ def create_app(
     )
     upstreams: dict[str, Upstream] = {}
     proxy = Proxy(config, upstreams, store, metrics, clock)
+    registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep)
+    proxy.on_success = registry.observe
     app[CONFIG] = config
     app[METRICS] = metrics
     app[STORE] = store
     app[UPSTREAMS] = upstreams
     app[PROXY] = proxy
     app[READY] = [False]
+    app[REGISTRY] = registry
 
     async def client_session(app: web.Application) -> AsyncIterator[None]:
         # No cookie jar: a cookie one caller's answer set must never reach another caller.
@@ -91,7 +102,14 @@ def create_app(
         app[READY][0] = False
         await session.close()
 
+    async def registry_tasks(app: web.Application) -> AsyncIterator[None]:
+        # After client_session: the probes and listen streams use its Upstream objects.
+        registry.start(upstreams)
+        yield
+        await registry.stop()
+
     app.cleanup_ctx.append(client_session)
+    app.cleanup_ctx.append(registry_tasks)
 
     for method in ("GET", "DELETE"):
         app.router.add_route(method, "/servers/{name}/mcp", proxy.handle_stream)
@@ -99,6 +117,11 @@ def create_app(
     app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    views = RegistryViews(config, registry.state)
+    app.router.add_get("/v0.1/servers", views.servers)
+    app.router.add_get("/v0.1/servers/{name:.+}/versions", views.server_versions)
+    app.router.add_get("/v0.1/servers/{name:.+}/versions/{version}", views.server_version)
+    app.router.add_get("/registry/versions", views.versions)
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", _purge)
     return app
@@ -109,7 +132,8 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    ready = request.app[READY][0]
+    """Ready once the upstream clients exist and (with ``[registry]``) every upstream was probed once."""
+    ready = request.app[READY][0] and request.app[REGISTRY].ready
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 
 

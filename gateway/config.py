@@ -22,6 +22,7 @@ __all__ = [
     "ConfigError",
     "GatewayConfig",
     "ListenerConfig",
+    "RegistryConfig",
     "UpstreamConfig",
     "load_config",
     "parse_config",
@@ -39,6 +40,12 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 DEFAULT_STREAM_IDLE_TIMEOUT_S: Final = 300.0
 DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT: Final = 256
+DEFAULT_PROBE_MIN_INTERVAL_S: Final = 10.0
+DEFAULT_PROBE_MAX_INTERVAL_S: Final = 300.0
+DEFAULT_PROBE_TIMEOUT_S: Final = 10.0
+DEFAULT_BACKOFF_BASE_S: Final = 1.0
+DEFAULT_BACKOFF_MAX_S: Final = 120.0
+DEFAULT_SERVER_NAMESPACE: Final = "local.mcp-gateway"
 
 UPSTREAM_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -128,6 +135,66 @@ class UpstreamConfig(_Model):
         return dict(value)
 
 
+class RegistryConfig(_Model):
+    """The live registry's background work: probes and ``subscriptions/listen`` streams.
+
+    On by default. With ``enabled = false`` the registry routes still answer (from the
+    config alone, health ``unknown``) but nothing is probed and no listen stream is held.
+    """
+
+    enabled: bool = Field(True, description="Probe the upstreams and hold listen streams to them.")
+
+    probe_min_interval_s: float = Field(
+        DEFAULT_PROBE_MIN_INTERVAL_S,
+        gt=0,
+        description="Floor on the time between two probes of a healthy upstream, in seconds "
+        "(the upstream's server/discover ttlMs is clamped to [min, max], then jittered).",
+    )
+    probe_max_interval_s: float = Field(
+        DEFAULT_PROBE_MAX_INTERVAL_S,
+        gt=0,
+        description="Ceiling on the time between two probes of a healthy upstream, in seconds.",
+    )
+    probe_timeout_s: float = Field(
+        DEFAULT_PROBE_TIMEOUT_S,
+        gt=0,
+        description="Whole probe (server/discover, or the legacy initialize handshake), in seconds.",
+    )
+    backoff_base_s: float = Field(
+        DEFAULT_BACKOFF_BASE_S,
+        gt=0,
+        description="First retry delay after a failed probe or a lost listen stream, in seconds "
+        "(doubles per failure, with jitter).",
+    )
+    backoff_max_s: float = Field(
+        DEFAULT_BACKOFF_MAX_S, gt=0, description="Ceiling on the retry delay after failures, in seconds."
+    )
+    listen: bool = Field(
+        True,
+        description="Hold a subscriptions/listen stream to each modern upstream that advertises listChanged "
+        "or resources.subscribe, and purge its cache entries on its notifications.",
+    )
+    server_namespace: str = Field(
+        DEFAULT_SERVER_NAMESPACE,
+        pattern=r"^[a-zA-Z0-9.-]+$",
+        max_length=100,
+        description="Reverse-DNS namespace of the names in /v0.1/servers ('<namespace>/<upstream name>').",
+    )
+    public_base_url: HttpUrl | None = Field(
+        None,
+        description="Base URL clients use to reach the gateway, for the remotes in /v0.1/servers "
+        "(default: the scheme and Host of each registry request).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered_bounds(self) -> RegistryConfig:
+        if self.probe_min_interval_s > self.probe_max_interval_s:
+            raise ValueError("probe_min_interval_s must not exceed probe_max_interval_s")
+        if self.backoff_base_s > self.backoff_max_s:
+            raise ValueError("backoff_base_s must not exceed backoff_max_s")
+        return self
+
+
 class GatewayConfig(_Model):
     """The whole config file (DESIGN.md, Config)."""
 
@@ -135,6 +202,9 @@ class GatewayConfig(_Model):
     cache: CacheConfig = CacheConfig()
     auth: AuthConfig | None = None
     admin: AdminConfig | None = None
+    registry: RegistryConfig = Field(
+        RegistryConfig(), description="Live registry: discovery probes and listen streams (on by default)."
+    )
     upstreams: Mapping[Annotated[str, Field(pattern=UPSTREAM_NAME_PATTERN)], UpstreamConfig] = Field(
         default_factory=dict, description="The upstreams, by name."
     )

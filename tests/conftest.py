@@ -78,7 +78,9 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
         kwargs: dict[str, Any] = {"metrics_registry": registry}
         if clock is not None:
             kwargs["clock"] = clock
-        app = create_app(parse_config(config), **kwargs)
+        # The end-to-end tests count upstream requests exactly, so registry probes are off
+        # unless a test asks for them (the registry has its own tests).
+        app = create_app(parse_config({"registry": {"enabled": False}, **config}), **kwargs)
         server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
         await server.start_server()
         servers.append(server)

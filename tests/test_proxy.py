@@ -110,6 +110,9 @@ async def make_env(aiohttp_server: Any, aiohttp_client: Any) -> Callable[..., Aw
         up_server: TestServer = await aiohttp_server(up_app)
         cfg: dict[str, Any] = {
             "upstreams": {"up": {"url": str(up_server.make_url("/mcp")), **(upstream_opts or {})}},
+            # These tests count every request the upstream sees: no registry probes here
+            # (the registry has its own tests in test_registry.py).
+            "registry": {"enabled": False},
             **config,
         }
         app = create_app(parse_config(cfg, env={}))
@@ -185,7 +188,13 @@ async def test_oversized_body_is_413_and_the_gateway_keeps_serving(make_env: Any
 
 
 async def test_refused_upstream_is_502_with_the_callers_id(aiohttp_server: Any, aiohttp_client: Any) -> None:
-    cfg = parse_config({"upstreams": {"up": {"url": "http://127.0.0.1:9/mcp", "connect_timeout_s": 1}}}, env={})
+    cfg = parse_config(
+        {
+            "upstreams": {"up": {"url": "http://127.0.0.1:9/mcp", "connect_timeout_s": 1}},
+            "registry": {"enabled": False},
+        },
+        env={},
+    )
     client = await aiohttp_client(await aiohttp_server(create_app(cfg)))
     resp = await client.post(
         "/servers/up/mcp",
