@@ -32,5 +32,8 @@ test: $(STAMP) tools lint typecheck
 demo: $(STAMP)
 	$(BIN)/mcp-gateway demo
 
+soak: $(STAMP)
+	$(BIN)/python scripts/soak.py --duration $(or $(DURATION),60)
+
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
