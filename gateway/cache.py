@@ -11,13 +11,15 @@ touches this module.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import heapq
+import itertools
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
-
-import cachetools
+from typing import Any, Final, NamedTuple, Protocol
 
 from .protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest, dumps
 
@@ -47,14 +49,17 @@ def canonical_json(value: object) -> bytes:
     return dumps(value, sort_keys=True)
 
 
-@dataclass(frozen=True, slots=True)
-class CacheKey:
-    """Identity of one cache entry (DESIGN.md).
+class CacheKey(NamedTuple):
+    """Identity of one cache entry (DESIGN.md); a tuple, so hashing and equality run in C.
 
     ``params`` is the canonical JSON of ``params`` without ``_meta`` (so ``cursor`` and
     ``uri`` count, the JSON-RPC id, ``clientInfo``, ``progressToken`` and trace context do
     not); ``capabilities`` is a SHA-256 of the canonical ``clientCapabilities``, or
-    ``None`` when the upstream does not vary on them.
+    ``None`` when the upstream does not vary on them; ``authorization`` is a SHA-256 of
+    the caller's ``Authorization`` header for upstreams that receive it
+    (``forward_authorization``): such an upstream authenticates every request itself, so
+    even its ``public`` answers are reused only within one authorization context, never
+    in place of the upstream's own 401 (digest §5 rule 5, §10).
     """
 
     upstream: str
@@ -62,9 +67,12 @@ class CacheKey:
     params: bytes
     version: str
     capabilities: bytes | None
+    authorization: bytes | None = None
 
 
-def make_key(upstream: str, request: ParsedRequest, *, vary_on_capabilities: bool) -> CacheKey:
+def make_key(
+    upstream: str, request: ParsedRequest, *, vary_on_capabilities: bool, authorization: str | None = None
+) -> CacheKey:
     """The cache key of a validated, cacheable modern request.
 
     Raises:
@@ -73,11 +81,25 @@ def make_key(upstream: str, request: ParsedRequest, *, vary_on_capabilities: boo
     assert request.method is not None and request.version is not None and request.params is not None
     params = request.params
     meta = params.get("_meta")
-    rest = {k: v for k, v in params.items() if k != "_meta"}
+    if params.keys() <= _META_ONLY:
+        rest = _NO_PARAMS  # the usual list request: nothing but _meta
+    else:
+        rest = canonical_json({k: v for k, v in params.items() if k != "_meta"})
     caps: bytes | None = None
     if vary_on_capabilities and isinstance(meta, dict):
-        caps = hashlib.sha256(canonical_json(meta.get(CLIENT_CAPABILITIES_KEY))).digest()
-    return CacheKey(upstream, request.method, canonical_json(rest), request.version, caps)
+        caps = _digest(canonical_json(meta.get(CLIENT_CAPABILITIES_KEY)))
+    auth = None if authorization is None else hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).digest()
+    return CacheKey(upstream, request.method, rest, request.version, caps, auth)
+
+
+_META_ONLY: Final = frozenset({"_meta"})
+_NO_PARAMS: Final = canonical_json({})
+
+
+@functools.lru_cache(maxsize=1024)
+def _digest(data: bytes) -> bytes:
+    # Clients send the same few capability sets over and over.
+    return hashlib.sha256(data).digest()
 
 
 def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> str:
@@ -108,6 +130,9 @@ def store_outcome(status: int, message: object, size: int, max_entry_bytes: int)
     return STORED
 
 
+_RESPONSE_START: Final = b'{"jsonrpc":"2.0","id":'
+
+
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
     """One stored result, pre-split so a hit costs two byte joins.
@@ -130,7 +155,11 @@ class CacheEntry:
 
     def response(self, id_json: bytes, now: float) -> bytes:
         """The JSON-RPC response for a caller whose id serialises to ``id_json``."""
-        return b'{"jsonrpc":"2.0","id":' + id_json + self.head + str(self.remaining_ms(now)).encode() + self.tail
+        return self.render(id_json, self.remaining_ms(now))
+
+    def render(self, id_json: bytes, ttl_ms: int) -> bytes:
+        """The JSON-RPC response with id ``id_json`` and ``ttlMs`` ``ttl_ms`` (one copy of the result)."""
+        return b"".join((_RESPONSE_START, id_json, self.head, str(ttl_ms).encode(), self.tail))
 
 
 _PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)
@@ -175,23 +204,16 @@ class CacheStore(Protocol):
         """Sum of the stored entries' sizes."""
 
 
-class _TLRU(cachetools.TLRUCache[CacheKey, CacheEntry]):
-    """A TLRU cache that reports the entries it drops for size."""
-
-    on_size_eviction: Callable[[], None] | None = None
-
-    def popitem(self) -> tuple[CacheKey, CacheEntry]:
-        item = super().popitem()
-        if self.on_size_eviction is not None:
-            self.on_size_eviction()
-        return item
-
-
 class MemoryStore:
-    """In-process store (cachetools ``TLRUCache``): per-entry expiry, LRU eviction.
+    """In-process store: per-entry expiry, least-recently-used eviction.
 
     Bounded by ``max_entries`` entries and ``max_bytes`` bytes in total; ``clock`` gives
     seconds. ``on_evict(reason, count)`` hears of ``expired``, ``size`` and purge evictions.
+    An entry is gone from ``expires_at`` on (``clock() >= expires_at``); expired entries are
+    dropped, and reported, by the next call that looks at the store.
+
+    The entries sit in an ``OrderedDict`` in LRU order, with a heap of expiry times beside
+    it: a hit is a dict lookup, a comparison with the heap's head and a ``move_to_end``.
     """
 
     def __init__(
@@ -203,44 +225,79 @@ class MemoryStore:
         on_evict: EvictionListener | None = None,
     ) -> None:
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._clock = clock
         self._on_evict = on_evict
         self._bytes = 0
-        self._data = _TLRU(
-            maxsize=max_bytes,
-            ttu=lambda _k, entry, _now: entry.expires_at,
-            timer=clock,
-            getsizeof=lambda entry: entry.size,
-        )
-        self._data.on_size_eviction = lambda: self._evicted("size", 1)
+        self._data: OrderedDict[CacheKey, CacheEntry] = OrderedDict()
+        # (expires_at, sequence, key, entry); entries replaced or removed early stay until
+        # their time comes (or a compaction) and are then skipped.
+        self._expiry: list[tuple[float, int, CacheKey, CacheEntry]] = []
+        self._sequence = itertools.count()
 
     def _evicted(self, reason: str, count: int) -> None:
         if count and self._on_evict is not None:
             self._on_evict(reason, count)
 
-    def _expire(self) -> None:
-        expired = self._data.expire()
-        if expired:
-            self._evicted("expired", len(expired))
+    def _expire(self, now: float) -> None:
+        heap, data = self._expiry, self._data
+        count = 0
+        while heap and heap[0][0] <= now:
+            _, _, key, entry = heapq.heappop(heap)
+            if data.get(key) is entry:
+                del data[key]
+                self._bytes -= entry.size
+                count += 1
+        self._evicted("expired", count)
+
+    def _remove(self, key: CacheKey) -> CacheEntry | None:
+        entry = self._data.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry.size
+        return entry
 
     def get(self, key: CacheKey) -> CacheEntry | None:
-        self._expire()
-        return self._data.get(key)
+        heap = self._expiry
+        if heap and heap[0][0] <= (now := self._clock()):
+            self._expire(now)
+        entry = self._data.get(key)
+        if entry is not None:
+            self._data.move_to_end(key)
+        return entry
 
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
-        if self._max_entries == 0 or entry.size > self._data.maxsize:
+        if self._max_entries == 0 or entry.size > self._max_bytes:
             return False
-        self._expire()
-        self._data.pop(key, None)
-        while len(self._data) >= self._max_entries:
-            self._data.popitem()
-        self._data[key] = entry
-        return key in self._data
+        now = self._clock()
+        self._expire(now)
+        if entry.expires_at <= now:
+            return False
+        self._remove(key)
+        data = self._data
+        evicted = 0
+        while data and (len(data) >= self._max_entries or self._bytes + entry.size > self._max_bytes):
+            _, victim = data.popitem(last=False)
+            self._bytes -= victim.size
+            evicted += 1
+        self._evicted("size", evicted)
+        data[key] = entry
+        self._bytes += entry.size
+        heapq.heappush(self._expiry, (entry.expires_at, next(self._sequence), key, entry))
+        if len(self._expiry) > 2 * len(data) + 64:
+            self._compact()
+        return True
+
+    def _compact(self) -> None:
+        """Drop heap items of entries no longer stored (replaced, evicted, purged)."""
+        data = self._data
+        self._expiry = [item for item in self._expiry if data.get(item[2]) is item[3]]
+        heapq.heapify(self._expiry)
 
     def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
-        self._expire()
-        doomed = [k for k in list(self._data.keys()) if predicate(k)]
+        self._expire(self._clock())
+        doomed = [k for k in self._data if predicate(k)]
         for k in doomed:
-            self._data.pop(k, None)
+            self._remove(k)
         self._evicted(reason, len(doomed))
         return len(doomed)
 
@@ -248,11 +305,11 @@ class MemoryStore:
         return len(self._data)
 
     def __iter__(self) -> Iterator[CacheKey]:
-        return iter(list(self._data.keys()))
+        return iter(list(self._data))
 
     @property
     def total_bytes(self) -> int:
-        return int(self._data.currsize)
+        return self._bytes
 
 
 class Coalescer:

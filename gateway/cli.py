@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 import os
+import signal
+import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Final
 
 from aiohttp import web
 
+from .accesslog import ACCESS_LOGGER, AccessLogHandler
 from .config import ConfigError, GatewayConfig, load_config
 
 __all__ = ["main"]
 
 EXIT_CONFIG = 2
+#: Listen backlog of the sockets bound for ``--workers`` (aiohttp's default is 128).
+BACKLOG: Final = 1024
 
 
 def _config_path(arg: str | None) -> str:
@@ -33,45 +41,160 @@ def _load(path: str) -> GatewayConfig:
         raise SystemExit(EXIT_CONFIG) from exc
 
 
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
 def setup_logging(level: str, fmt: str) -> None:
-    """Log to stderr; ``fmt`` is ``json`` (one object per line) or ``text``."""
+    """Log to stderr; ``fmt`` is ``json`` (one object per line) or ``text``.
+
+    In JSON, the access log (``mcp_gateway.access``, one line per MCP request at INFO) has
+    its own :class:`~gateway.accesslog.AccessLogHandler`: the same line shape, at a fraction
+    of the cost of a ``logging`` record, which matters on the cached path.
+    """
     handler = logging.StreamHandler()
+    access = logging.getLogger(ACCESS_LOGGER)
     if fmt == "json":
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(
             JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={"levelname": "level"})
         )
+        access.handlers[:] = [AccessLogHandler()]
+        access.propagate = False
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        access.handlers[:] = []
+        access.propagate = True
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
 
 
-def serve(config: GatewayConfig, *, host: str | None = None, port: int | None = None) -> None:
-    """Run the gateway until interrupted (uvloop when installed)."""
-    from .app import create_app
-
-    loop_factory = None
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when it is installed (the ``speed`` extra), else asyncio's."""
     try:
         import uvloop
-
-        loop_factory = uvloop.new_event_loop
     except ImportError:  # optional speed-up
-        pass
-    import asyncio
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
-    loop = loop_factory() if loop_factory else asyncio.new_event_loop()
-    web.run_app(
-        create_app(config),
-        host=host or config.listener.host,
-        port=config.listener.port if port is None else port,
-        handler_cancellation=True,  # a caller that disconnects cancels its upstream request
-        access_log=None,
-        print=lambda msg: logging.getLogger("mcp_gateway").info(msg),
-        loop=loop,
-    )
+
+def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
+    """``count`` listening TCP sockets on ``host:port``, all with ``SO_REUSEPORT``.
+
+    The kernel spreads incoming connections over them (Linux). With ``port`` 0 the first
+    socket picks a free port and the others join it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            port = sock.getsockname()[1]
+            sock.listen(BACKLOG)
+            sock.set_inheritable(False)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
+
+
+def run_workers(socks: Sequence[socket.socket], run_one: Callable[[socket.socket], None]) -> int:
+    """Fork one worker process per socket, each calling ``run_one(sock)``; supervise them.
+
+    SIGINT/SIGTERM to this (parent) process stop every worker (SIGTERM, which
+    ``aiohttp.web.run_app`` turns into a graceful shutdown). If a worker dies on its own,
+    the others are stopped too and the exit status is 1: the process supervisor (systemd,
+    Kubernetes) restarts the whole gateway, so no worker silently goes missing.
+    """
+    log = logging.getLogger("mcp_gateway")
+    workers: dict[int, int] = {}
+    for index, sock in enumerate(socks):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 1
+            try:
+                for other in socks:
+                    if other is not sock:
+                        other.close()
+                run_one(sock)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                log.exception("worker %d failed", index)
+            finally:
+                logging.shutdown()  # os._exit skips atexit: write the queued access-log lines
+                os._exit(code)
+        workers[pid] = index
+    for sock in socks:
+        sock.close()
+
+    stopping = False
+
+    def stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    status = 0
+    while workers:
+        pid, wait_status = os.wait()
+        if pid not in workers:
+            continue
+        index = workers.pop(pid)
+        code = os.waitstatus_to_exitcode(wait_status)
+        if not stopping:
+            log.error("worker %d (pid %d) exited with %d; stopping the others", index, pid, code)
+            status = 1
+            stop(signal.SIGTERM, None)
+    return status
+
+
+def serve(config: GatewayConfig, *, host: str | None = None, port: int | None = None, workers: int = 1) -> int:
+    """Run the gateway until interrupted (uvloop when installed); returns the exit status.
+
+    ``workers`` > 1 runs that many processes accepting on one port (``SO_REUSEPORT``,
+    Linux). Each worker has its own cache, coalescing and metrics: a cold key is fetched
+    upstream once per worker, and ``/metrics`` answers for the worker it reached.
+    """
+    from .app import create_app
+
+    bind_host = host or config.listener.host
+    bind_port = config.listener.port if port is None else port
+    log = logging.getLogger("mcp_gateway")
+
+    def run_one(sock: socket.socket | None) -> None:
+        web.run_app(
+            create_app(config),
+            host=None if sock else bind_host,
+            port=None if sock else bind_port,
+            sock=sock,
+            handler_cancellation=True,  # a caller that disconnects cancels its upstream request
+            access_log=None,
+            print=lambda msg: log.info(msg),
+            loop=new_event_loop(),
+        )
+
+    if workers <= 1:
+        run_one(None)
+        return 0
+    socks = bind_sockets(bind_host, bind_port, workers)
+    log.info("serving on %s:%d with %d workers", bind_host, socks[0].getsockname()[1], workers)
+    return run_workers(socks, run_one)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_serve.add_argument("--config", help="TOML config file (default: $MCP_GATEWAY_CONFIG)")
     p_serve.add_argument("--host", help="override listener.host")
     p_serve.add_argument("--port", type=int, help="override listener.port")
+    p_serve.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=os.environ.get("MCP_GATEWAY_WORKERS", "1"),
+        help="worker processes sharing the port via SO_REUSEPORT, each with its own cache (default 1)",
+    )
     p_serve.add_argument("--log-level", default=os.environ.get("MCP_GATEWAY_LOG_LEVEL", "info"))
     p_serve.add_argument(
         "--log-format", choices=("json", "text"), default=os.environ.get("MCP_GATEWAY_LOG_FORMAT", "json")
@@ -97,8 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         setup_logging(args.log_level, args.log_format)
-        serve(_load(_config_path(args.config)), host=args.host, port=args.port)
-        return 0
+        return serve(_load(_config_path(args.config)), host=args.host, port=args.port, workers=args.workers)
     from .demo import run_demo
 
     return run_demo(gateway_port=args.port)

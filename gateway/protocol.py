@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import orjson
+from multidict import MultiMapping
 
 __all__ = [
     "CACHEABLE_METHODS",
@@ -99,6 +99,9 @@ MRTR_PARAMS: Final = ("inputResponses", "requestState")
 
 Era = Literal["modern", "legacy"]
 
+#: Headers mirroring the body (streamable-http "Request metadata headers").
+_MIRRORED_HEADERS: Final = ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
+
 _SENTINEL_PREFIX: Final = "=?base64?"
 _SENTINEL_SUFFIX: Final = "?="
 
@@ -180,8 +183,12 @@ def _reject_constant(name: str) -> Any:
 
 
 #: orjson turns integers outside [-2**63, 2**64) into floats, silently: any run of 19+
-#: digits sends the text to the standard library, which keeps integers exact.
-_LONG_DIGITS: Final = re.compile(rb"[0-9]{19,}")
+#: digits sends the text to the standard library, which keeps integers exact. The run is
+#: found by mapping every digit to ``0`` and everything else to a space, then a substring
+#: search: both in C, ~15x faster than a regular expression (~30 µs, not ~430 µs, on a
+#: 19 KB ``tools/list``).
+_DIGITS_TO_ZERO: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_DIGITS: Final = b"0" * 19
 
 
 def loads(data: bytes) -> Any:
@@ -191,12 +198,30 @@ def loads(data: bytes) -> Any:
     Raises:
         ValueError: not JSON (``NaN``/``Infinity`` literals included).
     """
-    if _LONG_DIGITS.search(data) is None:
+    if _LONG_DIGITS not in data.translate(_DIGITS_TO_ZERO):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data, parse_constant=_reject_constant)
+    try:
+        # Strict UTF-8 first: json.loads(bytes) would guess UTF-16/32 (RFC 8259 §8.1: UTF-8).
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_parse_float)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+
+
+class Unrepresentable(float):
+    """A JSON number beyond the float range (``1e400``): kept apart from ``null`` (orjson
+    would write ``inf`` as ``null``), refused by :func:`dumps`, so never part of a cache
+    key or a stored result."""
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    return value if value not in (_INF, -_INF) else Unrepresentable(value)
+
+
+_INF: Final = float("inf")
 
 
 def dumps(value: object, *, sort_keys: bool = False) -> bytes:
@@ -208,8 +233,11 @@ def dumps(value: object, *, sort_keys: bool = False) -> bytes:
     """
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)
-    except TypeError:  # orjson.JSONEncodeError
-        return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), allow_nan=False).encode()
+    except TypeError:  # orjson.JSONEncodeError: big integers, lone surrogates, Unrepresentable
+        try:
+            return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), allow_nan=False).encode()
+        except RecursionError as exc:
+            raise ValueError("JSON nested too deeply") from exc
 
 
 def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
@@ -247,9 +275,12 @@ def decode_header_value(value: str) -> str | None:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedRequest:
     """What routing, validation and caching need from one POSTed JSON-RPC message.
+
+    Read-only by convention: not ``frozen``, because a frozen dataclass costs four times as
+    much to build (``object.__setattr__`` per field) and one is built for every request.
 
     ``kind`` is ``request`` (has an id), ``notification`` (no id) or ``response`` (a legacy
     client's answer to a server request). ``version`` is the body's protocol version for
@@ -275,10 +306,11 @@ def _is_valid_id(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
-def parse_request(body: bytes, headers: Mapping[str, str]) -> ParsedRequest:
+def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     """Parse and validate one POSTed MCP message against its headers.
 
-    ``headers`` must be case-insensitive (aiohttp's ``CIMultiDictProxy``). Legacy-era
+    ``headers`` must be case-insensitive (aiohttp's ``CIMultiDictProxy``); a request-metadata
+    header sent twice with different values is a mismatch (only one could be checked). Legacy-era
     messages (``initialize``, an ``Mcp-Session-Id``, a legacy ``MCP-Protocol-Version``, or
     neither that header nor modern ``_meta``) are only parsed, never validated: they go to
     the upstream as they are.
@@ -315,6 +347,8 @@ def parse_request(body: bytes, headers: Mapping[str, str]) -> ParsedRequest:
     meta = params.get("_meta") if isinstance(params, dict) else None
     body_version = meta.get(PROTOCOL_VERSION_KEY) if isinstance(meta, dict) else None
     header_version = headers.get("MCP-Protocol-Version")
+    if header_version is not None and len(set(headers.getall("MCP-Protocol-Version"))) > 1:
+        raise HeaderMismatch("Header mismatch: MCP-Protocol-Version sent with different values", request_id=request_id)
     if (
         method == "initialize"
         or "Mcp-Session-Id" in headers
@@ -330,14 +364,17 @@ def parse_request(body: bytes, headers: Mapping[str, str]) -> ParsedRequest:
 
     if not isinstance(meta, dict) or not isinstance(params, dict):
         raise InvalidParams("Invalid params: params._meta is required", request_id=request_id)
-    missing = [k for k in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if k not in meta]
-    if missing:
+    if PROTOCOL_VERSION_KEY not in meta or CLIENT_CAPABILITIES_KEY not in meta:
+        missing = [k for k in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if k not in meta]
         raise InvalidParams(f"Invalid params: params._meta is missing {', '.join(missing)}", request_id=request_id)
     if not isinstance(body_version, str) or not isinstance(meta[CLIENT_CAPABILITIES_KEY], dict):
         raise InvalidParams(
             "Invalid params: protocolVersion must be a string and clientCapabilities an object",
             request_id=request_id,
         )
+    for name in _MIRRORED_HEADERS:
+        if len(set(headers.getall(name, ()))) > 1:
+            raise HeaderMismatch(f"Header mismatch: {name} sent with different values", request_id=request_id)
     if header_version != body_version:
         raise HeaderMismatch(
             "Header mismatch: MCP-Protocol-Version header does not match _meta protocolVersion",
@@ -359,7 +396,7 @@ def parse_request(body: bytes, headers: Mapping[str, str]) -> ParsedRequest:
         bypass = "uncacheable"
     elif body_version not in MODERN_VERSIONS:
         bypass = "unknown-version"
-    elif any(k in params for k in MRTR_PARAMS):
+    elif not params.keys().isdisjoint(MRTR_PARAMS):
         bypass = "input-responses"
     return ParsedRequest(kind, request_id, method, "modern", body_version, params, bypass)
 
@@ -373,18 +410,25 @@ class SSEParser:
     ``overflowed`` and it stops collecting.
     """
 
-    __slots__ = ("_buf", "_data", "_max", "overflowed")
+    __slots__ = ("_buf", "_data", "_max", "_started", "overflowed")
 
     def __init__(self, max_event_bytes: int) -> None:
         self._buf = b""
         self._data: list[bytes] = []
         self._max = max_event_bytes
+        self._started = False
         self.overflowed = False
 
     def feed(self, chunk: bytes) -> list[bytes]:
         if self.overflowed:
             return []
         self._buf += chunk
+        if not self._started:
+            if len(self._buf) < len(_BOM) and _BOM.startswith(self._buf):
+                return []  # maybe a byte order mark, split across chunks
+            self._started = True
+            if self._buf.startswith(_BOM):  # the stream's leading BOM is not data (WHATWG)
+                self._buf = self._buf[len(_BOM) :]
         events: list[bytes] = []
         while True:
             cut = _next_line_end(self._buf)
@@ -405,6 +449,14 @@ class SSEParser:
             self.overflowed = True
             self._buf, self._data = b"", []
         return events
+
+    def finish(self) -> list[bytes]:
+        """At the end of the stream: a trailing ``\r`` ends its line (it was held back in
+        case ``\n`` followed); an event without its blank line is dropped (WHATWG)."""
+        return self.feed(b"\n") if self._buf.endswith(b"\r") else []
+
+
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 def _next_line_end(buf: bytes) -> tuple[int, int] | None:

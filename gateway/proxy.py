@@ -14,13 +14,14 @@ import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Generic, Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from .accesslog import ACCESS_LOGGER, direct_handler
 from .cache import STORED, CacheEntry, CacheKey, CacheStore, Clock, Coalescer, build_entry, make_key, store_outcome
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
@@ -40,7 +41,7 @@ from .upstream import RESPONSE_HEADERS, Upstream
 __all__ = ["CACHE_NAME", "Forbidden", "NotFound", "Overloaded", "PayloadTooLarge", "Proxy", "Unauthorized"]
 
 CACHE_NAME: Final = "mcp-gateway"
-access_log = logging.getLogger("mcp_gateway.access")
+access_log = logging.getLogger(ACCESS_LOGGER)
 
 
 class NotFound(GatewayError):
@@ -80,20 +81,91 @@ class Overloaded(GatewayError):
 
 @dataclass(slots=True)
 class _Outcome:
-    """What one MCP request ended as, for metrics and the access log."""
+    """What one MCP request ended as, for metrics and the access log.
+
+    ``cache_status`` is the ``Cache-Status`` value answered (or to answer); ``entry`` the
+    cache entry stored from this request's upstream answer, if any.
+    """
 
     upstream: str
     method: str = "other"
     cache: str = "bypass"
     error_code: int | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    cache_status: str | None = None
+    entry: CacheEntry | None = None
+    disconnected: bool = False
+
+
+def _final_response(events: list[bytes], request_id: object) -> tuple[dict[str, object] | None, int]:
+    """The JSON-RPC response to ``request_id`` among SSE ``events``, with its size in bytes."""
+    for data in events:
+        try:
+            message = loads(data)
+        except ValueError:
+            continue
+        if response_id_matches(message, request_id):
+            return message, len(data)
+    return None, 0
 
 
 def _status(*params: str) -> str:
     return "; ".join((CACHE_NAME, *params))
 
 
-_JSON_HEADERS: Final = {"Content-Type": "application/json"}
+_HIT: Final = _status("hit", "ttl=")
+_INFO: Final = logging.INFO
+_Child = TypeVar("_Child")
+
+
+class _Incrementable(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Tally:
+    """Counter increments made during one event-loop iteration, applied when it ends.
+
+    Each prometheus ``inc()`` takes a lock and costs about as much as a cache hit's own
+    lookup; under load one iteration serves several requests, so their increments are
+    summed here and applied by one callback. It runs before the loop polls for the next
+    request, so a ``/metrics`` scrape always sees every answered request.
+    """
+
+    __slots__ = ("_counts", "_scheduled")
+
+    def __init__(self) -> None:
+        self._counts: dict[_Incrementable, int] = {}
+        self._scheduled = False
+
+    def inc(self, child: _Incrementable) -> None:
+        counts = self._counts
+        counts[child] = counts.get(child, 0) + 1
+        if not self._scheduled:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._scheduled = True
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._scheduled = False
+        counts, self._counts = self._counts, {}
+        for child, count in counts.items():
+            child.inc(count)
+
+
+class _Children(dict[tuple[str, ...], _Child], Generic[_Child]):
+    """A metric's label children by label values, each bound once (``labels()`` costs more
+    than the update itself). Children appear in ``/metrics`` when first used, as before."""
+
+    def __init__(self, labels: Callable[..., _Child]) -> None:
+        super().__init__()
+        self._labels = labels
+
+    def __missing__(self, key: tuple[str, ...]) -> _Child:
+        child = self[key] = self._labels(*key)
+        return child
 
 
 class Proxy:
@@ -116,6 +188,14 @@ class Proxy:
         self._tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
         self._origins = frozenset(config.listener.allowed_origins)
         self._vary = {name: config.vary_on_capabilities(name) for name in config.upstreams}
+        self._caching = config.cache.max_entries > 0
+        self._requests = _Children(metrics.requests.labels)
+        self._durations = _Children(metrics.request_duration.labels)
+        self._lookups = _Children(metrics.cache_lookups.labels)
+        self._stores = _Children(metrics.cache_stores.labels)
+        self._upstream_durations = _Children(metrics.upstream_request_duration.labels)
+        self._inflight = _Children(metrics.inflight.labels)
+        self._tally = _Tally()
         #: Called as ``on_success(upstream, protocol_version)`` after an upstream answered a
         #: modern request with a JSON-RPC result (the registry's "observed" versions).
         self.on_success: Callable[[str, str], None] | None = None
@@ -144,7 +224,7 @@ class Proxy:
             upstream = self._upstream(outcome.upstream)
             self._check_origin(request)
             self._check_auth(request, None)
-            outcome.extra["cache_status"] = status = _status("fwd=bypass", "detail=legacy")
+            outcome.cache_status = status = _status("fwd=bypass", "detail=legacy")
             response = await self._forward(request, upstream, None, None, None, status, outcome)
         except GatewayError as err:
             response = self._error_response(err, outcome)
@@ -166,52 +246,59 @@ class Proxy:
         except GatewayError as err:
             self._check_auth(request, err.request_id)
             raise
-        outcome.method = method_label(parsed.method)
+        outcome.method = method = method_label(parsed.method)
         self._check_auth(request, parsed.request_id)
 
-        if parsed.cache_bypass is not None:
+        name = upstream.name
+        bypass = parsed.cache_bypass
+        if bypass is None and not self._caching:
+            bypass = "disabled"  # max_entries = 0: nothing is looked up, stored or coalesced
+        if bypass is not None:
             outcome.cache = "bypass"
-            self.metrics.cache_lookups.labels(upstream.name, outcome.method, "bypass").inc()
-            status = _status("fwd=bypass", f"detail={parsed.cache_bypass}")
+            self._tally.inc(self._lookups[name, method, "bypass"])
+            status = _status("fwd=bypass", f"detail={bypass}")
             return await self._forward(request, upstream, body, parsed, None, status, outcome)
 
         try:
-            key = make_key(upstream.name, parsed, vary_on_capabilities=self._vary[upstream.name])
+            key = make_key(
+                name,
+                parsed,
+                vary_on_capabilities=self._vary[name],
+                # "" for no header: a caller without credentials is a context of its own.
+                authorization=request.headers.get("Authorization", "")
+                if upstream.config.forward_authorization
+                else None,
+            )
         except ValueError:
             status = _status("fwd=bypass", "detail=uncacheable")
             return await self._forward(request, upstream, body, parsed, None, status, outcome)
         entry = self.store.get(key)
         if entry is not None:
-            return self._hit(parsed, entry, upstream.name, outcome, collapsed=False)
+            return self._hit(parsed, entry, outcome, collapsed=False)
         waiter = self.coalescer.claim(key)
         if waiter is not None:
             entry = await asyncio.shield(waiter)
             if entry is not None:
-                return self._hit(parsed, entry, upstream.name, outcome, collapsed=True)
+                return self._hit(parsed, entry, outcome, collapsed=True)
             # Not storable (private, error, ...): this caller's answer is its own.
             outcome.cache = "miss"
-            self.metrics.cache_lookups.labels(upstream.name, outcome.method, "miss").inc()
+            self._tally.inc(self._lookups[name, method, "miss"])
             return await self._forward(request, upstream, body, parsed, key, _status("fwd=miss"), outcome)
         outcome.cache = "miss"
-        self.metrics.cache_lookups.labels(upstream.name, outcome.method, "miss").inc()
-        stored: CacheEntry | None = None
+        self._tally.inc(self._lookups[name, method, "miss"])
         try:
-            response = await self._forward(request, upstream, body, parsed, key, _status("fwd=miss"), outcome)
-            stored = outcome.extra.pop("entry", None)  # type: ignore[assignment]
-            return response
+            return await self._forward(request, upstream, body, parsed, key, _status("fwd=miss"), outcome)
         finally:
-            self.coalescer.release(key, stored)
+            self.coalescer.release(key, outcome.entry)
 
-    def _hit(
-        self, parsed: ParsedRequest, entry: CacheEntry, upstream: str, outcome: _Outcome, *, collapsed: bool
-    ) -> web.Response:
-        now = self.clock()
+    def _hit(self, parsed: ParsedRequest, entry: CacheEntry, outcome: _Outcome, *, collapsed: bool) -> web.Response:
+        """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left."""
         outcome.cache = "hit"
-        self.metrics.cache_lookups.labels(upstream, outcome.method, "coalesced" if collapsed else "hit").inc()
-        body = entry.response(dumps(parsed.request_id), now)
-        ttl_s = entry.remaining_ms(now) // 1000
-        status = _status("hit", f"ttl={ttl_s}", "collapsed") if collapsed else _status("hit", f"ttl={ttl_s}")
-        outcome.extra["cache_status"] = status
+        self._tally.inc(self._lookups[outcome.upstream, outcome.method, "coalesced" if collapsed else "hit"])
+        ttl_ms = entry.remaining_ms(self.clock())
+        status = f"{_HIT}{ttl_ms // 1000}; collapsed" if collapsed else f"{_HIT}{ttl_ms // 1000}"
+        outcome.cache_status = status
+        body = entry.render(dumps(parsed.request_id), ttl_ms)
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": status})
 
     # -- checks -------------------------------------------------------------------------
@@ -256,16 +343,20 @@ class Proxy:
         outcome: _Outcome,
     ) -> web.StreamResponse:
         """Send the request upstream and relay the answer; store it when ``key`` is set
-        and the answer is storable (the entry is left in ``outcome.extra["entry"]``)."""
+        and the answer is storable (the entry is left in ``outcome.entry``)."""
         if upstream.inflight >= upstream.config.max_inflight:
             raise Overloaded(
                 f"upstream {upstream.name} has {upstream.inflight} requests in flight; retry later",
                 request_id=parsed.request_id if parsed else None,
                 headers={"Retry-After": "1"},
             )
-        outcome.extra["cache_status"] = cache_status
-        headers = upstream.request_headers(request.headers, allow_authorization=not self._tokens)
-        gauge = self.metrics.inflight.labels(upstream.name)
+        outcome.cache_status = cache_status
+        try:
+            headers = upstream.request_headers(request.headers, allow_authorization=not self._tokens)
+        except GatewayError as err:
+            err.request_id = parsed.request_id if parsed else None
+            raise
+        gauge = self._inflight[(upstream.name,)]
         upstream.inflight += 1
         gauge.inc()
         started = time.perf_counter()
@@ -280,14 +371,12 @@ class Proxy:
             if parsed is not None and err.request_id is None:
                 err.request_id = parsed.request_id
             # One detail only: the failure replaces the bypass reason.
-            outcome.extra["cache_status"] = cache_status.split("; detail=")[0] + "; detail=upstream-error"
+            outcome.cache_status = cache_status.split("; detail=")[0] + "; detail=upstream-error"
             raise
         finally:
             upstream.inflight -= 1
             gauge.dec()
-            self.metrics.upstream_request_duration.labels(upstream.name, outcome.method).observe(
-                time.perf_counter() - started
-            )
+            self._upstream_durations[upstream.name, outcome.method].observe(time.perf_counter() - started)
 
     def _passthrough_headers(self, resp: aiohttp.ClientResponse, cache_status: str) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
@@ -328,7 +417,7 @@ class Proxy:
         if key is not None:
             cache_status = self._maybe_store(upstream, key, status, message, len(data), cache_status, outcome)
         headers = self._passthrough_headers(resp, cache_status)
-        outcome.extra["cache_status"] = cache_status
+        outcome.cache_status = cache_status
         return web.Response(body=data, status=status, headers=headers)
 
     def _maybe_store(
@@ -349,11 +438,11 @@ class Proxy:
             entry = build_entry(message, self.clock(), self.config.cache.max_ttl_ms)
             if entry is None or not self.store.put(key, entry):
                 result, entry = "refused", None
-        self.metrics.cache_stores.labels(upstream.name, outcome.method, result).inc()
+        self._stores[upstream.name, outcome.method, result].inc()
         self._update_size_gauges()
         fwd = f"{cache_status}; fwd-status={status}"
         if entry is not None:
-            outcome.extra["entry"] = entry
+            outcome.entry = entry
             return f"{fwd}; stored; ttl={entry.ttl_ms // 1000}"
         return f"{fwd}; detail={result.replace('_', '-')}"
 
@@ -391,24 +480,28 @@ class Proxy:
             async for chunk in upstream.iter_stream(resp):
                 await out.write(chunk)
                 if parser is not None and final is None:
-                    for data in parser.feed(chunk):
-                        try:
-                            message = loads(data)
-                        except ValueError:
-                            continue
-                        if response_id_matches(message, request_id):
-                            final, final_size = message, len(data)
-                            break
+                    final, final_size = _final_response(parser.feed(chunk), request_id)
+            if parser is not None and final is None:
+                final, final_size = _final_response(parser.finish(), request_id)
+            if parser is not None and final is None:
+                # The upstream stopped without answering. End whatever event it left
+                # unfinished, as the caller's parser will see it, so that an error event
+                # after it is read on its own. Should that complete the answer after all,
+                # the caller has it (but it is not stored: the stream was cut).
+                await out.write(b"\n\n")
+                cut_answer, _ = _final_response(parser.feed(b"\n\n"), request_id)
+                if cut_answer is None:
+                    outcome.error_code = BadGateway.code
+                    error = BadGateway(
+                        f"upstream {upstream.name} ended the stream before answering", request_id=request_id
+                    )
+                    await out.write(b"event: message\ndata: " + error.body() + b"\n\n")
         except ConnectionResetError:
             # The caller went away: that is the cancellation (gotcha 6); closing our side
             # of the upstream request (on return) propagates it. Nothing is stored.
-            outcome.extra["disconnected"] = True
+            outcome.disconnected = True
             return out
-        if request_id is not None and final is None:
-            outcome.error_code = BadGateway.code
-            error = BadGateway(f"upstream {upstream.name} ended the stream before answering", request_id=request_id)
-            await out.write(b"event: message\ndata: " + error.body() + b"\n\n")
-        elif final is not None and isinstance(error_obj := final.get("error"), dict):
+        if final is not None and isinstance(error_obj := final.get("error"), dict):
             code = error_obj.get("code")
             outcome.error_code = code if isinstance(code, int) else None
         elif final is not None and resp.status == 200:
@@ -417,7 +510,7 @@ class Proxy:
             if final is not None:
                 self._maybe_store(upstream, key, resp.status, final, final_size, cache_status, outcome)
             else:
-                self.metrics.cache_stores.labels(upstream.name, outcome.method, "stream_broken").inc()
+                self._stores[upstream.name, outcome.method, "stream_broken"].inc()
         await out.write_eof()
         return out
 
@@ -425,11 +518,9 @@ class Proxy:
 
     def _error_response(self, err: GatewayError, outcome: _Outcome) -> web.Response:
         outcome.error_code = err.code
-        cache_status = outcome.extra.get("cache_status")
-        if not isinstance(cache_status, str):
-            cache_status = _status("detail=rejected")
-        outcome.extra["cache_status"] = cache_status
-        headers = {"Content-Type": "application/json", "Cache-Status": cache_status, **err.headers}
+        if outcome.cache_status is None:
+            outcome.cache_status = _status("detail=rejected")
+        headers = {"Content-Type": "application/json", "Cache-Status": outcome.cache_status, **err.headers}
         return web.Response(body=err.body(), status=err.status, headers=headers)
 
     def _observe(
@@ -438,19 +529,22 @@ class Proxy:
         elapsed = time.perf_counter() - started
         status = response.status if response is not None else 499
         upstream = outcome.upstream if outcome.upstream in self.upstreams else "unknown"
-        self.metrics.requests.labels(upstream, outcome.method, str(status)).inc()
-        self.metrics.request_duration.labels(upstream, outcome.method, outcome.cache).observe(elapsed)
-        if access_log.isEnabledFor(logging.INFO):
-            access_log.info(
-                "request",
-                extra={
-                    "upstream": upstream,
-                    "method": outcome.method,
-                    "http_method": request.method,
-                    "status": status,
-                    "jsonrpc_error": outcome.error_code,
-                    "cache": outcome.cache,
-                    "cache_status": outcome.extra.get("cache_status"),
-                    "duration_ms": round(elapsed * 1000, 3),
-                },
-            )
+        method = outcome.method
+        self._tally.inc(self._requests[upstream, method, str(status)])
+        self._durations[upstream, method, outcome.cache].observe(elapsed)
+        if access_log.isEnabledFor(_INFO):
+            fields = {
+                "upstream": upstream,
+                "method": method,
+                "http_method": request.method,
+                "status": status,
+                "jsonrpc_error": outcome.error_code,
+                "cache": outcome.cache,
+                "cache_status": outcome.cache_status,
+                "duration_ms": round(elapsed * 1000, 3),
+            }
+            handler = direct_handler(access_log)
+            if handler is not None:
+                handler.write(fields)
+            else:
+                access_log.info("request", extra=fields)

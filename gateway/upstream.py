@@ -8,6 +8,7 @@ the gateway's own :class:`~gateway.protocol.BadGateway` (502) or
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
@@ -16,7 +17,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from .config import UpstreamConfig
-from .protocol import BadGateway, GatewayTimeout
+from .protocol import BadGateway, GatewayTimeout, HeaderMismatch
 
 __all__ = ["RESPONSE_HEADERS", "Upstream"]
 
@@ -44,6 +45,9 @@ _PARAM_PREFIX: Final = "mcp-param-"
 RESPONSE_HEADERS: Final = ("Content-Type", "WWW-Authenticate", "Mcp-Session-Id", "Retry-After", "Allow")
 
 _CHUNK: Final = 64 * 1024
+#: What cannot be forwarded unchanged: control characters, and bytes that were not UTF-8
+#: (aiohttp reads them as lone surrogates and would drop them on the way out).
+_UNFORWARDABLE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]")
 
 
 class Upstream:
@@ -66,13 +70,28 @@ class Upstream:
 
     def request_headers(self, incoming: Mapping[str, str], *, allow_authorization: bool) -> CIMultiDict[str]:
         """The headers to send upstream: the allowed subset of ``incoming``, values unchanged,
-        every ``Mcp-Param-*``, then this upstream's configured headers (which win)."""
+        every ``Mcp-Param-*``, then this upstream's configured headers (which win).
+
+        Raises:
+            HeaderMismatch: a header to forward has control characters or bytes that are not
+                UTF-8, so it could not be passed on unchanged (streamable-http Server
+                Validation: invalid characters are rejected with -32020).
+        """
         out: CIMultiDict[str] = CIMultiDict()
+        spelling: dict[str, str] = {}
         for name, value in incoming.items():
             low = name.lower()
-            if low in REQUEST_HEADERS or low.startswith(_PARAM_PREFIX):
-                out.add(name, value)
-            elif low == "authorization" and allow_authorization and self.config.forward_authorization:
+            # One spelling per header: aiohttp's client keeps repeated headers only when
+            # their names are spelled alike, and would let a later "mcp-name" replace an
+            # earlier "Mcp-Name".
+            name = spelling.setdefault(low, name)
+            if (
+                low in REQUEST_HEADERS
+                or low.startswith(_PARAM_PREFIX)
+                or (low == "authorization" and allow_authorization and self.config.forward_authorization)
+            ):
+                if _UNFORWARDABLE.search(value):
+                    raise HeaderMismatch(f"Header mismatch: {name} has bytes that cannot be forwarded unchanged")
                 out.add(name, value)
         for name, value in self.config.headers.items():
             out[name] = value
