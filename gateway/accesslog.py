@@ -4,9 +4,9 @@ The proxy logs every MCP request to the ``mcp_gateway.access`` logger. Through t
 ``logging`` machinery (a ``LogRecord``, python-json-logger, a flush per line) a line costs more
 than answering a cache hit, so ``mcp-gateway serve --log-format json`` puts an
 :class:`AccessLogHandler` on that logger: the proxy hands it the line's fields directly
-(:meth:`AccessLogHandler.write`), and lines are written in batches, once per event-loop
-iteration. Records that reach the handler through ``logging`` get the same shape. Anyone who
-configures other handlers on the logger gets the ordinary ``logging`` path.
+(:meth:`AccessLogHandler.write`), and lines are written in batches, every 50 ms. Records
+that reach the handler through ``logging`` get the same shape. Anyone who configures other
+handlers on the logger gets the ordinary ``logging`` path.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ __all__ = ["ACCESS_LOGGER", "AccessLogHandler", "direct_handler"]
 
 ACCESS_LOGGER: Final = "mcp_gateway.access"
 
+#: Queued lines are written this long after the first of them (seconds) ...
+FLUSH_DELAY_S: Final = 0.05
+#: ... or at once when this many bytes are queued.
+FLUSH_BYTES: Final = 64 * 1024
 #: Writes up to this size are atomic on a pipe: lines of several worker processes sharing
 #: stderr never interleave.
 _ATOMIC_WRITE: Final = getattr(select, "PIPE_BUF", 512)
@@ -37,17 +41,18 @@ class AccessLogHandler(logging.Handler):
     """JSON access-log lines, ``{"asctime", "level", "name", "message", **fields}``, in batches.
 
     The keys are those of the gateway's JSON log format (``asctime`` as ``logging`` prints
-    it, local time with milliseconds). Lines are queued and written when the running event
-    loop next gets to its callbacks, in ``write(2)`` calls of at most ``PIPE_BUF`` bytes
-    that end on a line boundary; outside an event loop, at once. ``flush``/``close`` (and so
-    ``logging.shutdown`` at exit) write what is queued.
+    it, local time with milliseconds). Lines are queued and written ``FLUSH_DELAY_S`` after
+    the first of them, or as soon as ``FLUSH_BYTES`` are queued, in ``write(2)`` calls of
+    at most ``PIPE_BUF`` bytes that end on a line boundary; outside an event loop, at once.
+    ``flush``/``close`` (and so ``logging.shutdown`` at exit) write what is queued.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__()
         self.stream = stream if stream is not None else sys.stderr
         self._pending: list[bytes] = []
-        self._scheduled = False
+        self._pending_bytes = 0
+        self._scheduled: asyncio.TimerHandle | None = None
         self._second = -1
         self._stamp = ""
 
@@ -83,10 +88,12 @@ class AccessLogHandler(logging.Handler):
         self._queue(line)
 
     def flush(self) -> None:
-        self._scheduled = False
+        if self._scheduled is not None:
+            self._scheduled.cancel()
+            self._scheduled = None
         if not self._pending:
             return
-        lines, self._pending = self._pending, []
+        lines, self._pending, self._pending_bytes = self._pending, [], 0
         chunks: list[bytes] = []
         chunk: list[bytes] = []
         size = 0
@@ -109,15 +116,16 @@ class AccessLogHandler(logging.Handler):
 
     def _queue(self, line: bytes) -> None:
         self._pending.append(line)
-        if self._scheduled:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
+        self._pending_bytes += len(line)
+        if self._pending_bytes >= FLUSH_BYTES:
             self.flush()
-            return
-        self._scheduled = True
-        loop.call_soon(self.flush)
+        elif self._scheduled is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush()
+                return
+            self._scheduled = loop.call_later(FLUSH_DELAY_S, self.flush)
 
     def _write(self, chunks: list[bytes]) -> None:
         try:

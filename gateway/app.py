@@ -108,6 +108,10 @@ def create_app(
         yield
         await registry.stop()
 
+    async def close_streams(app: web.Application) -> None:
+        await proxy.close_streams()
+
+    app.on_shutdown.append(close_streams)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(registry_tasks)
 

@@ -135,15 +135,17 @@ _RESPONSE_START: Final = b'{"jsonrpc":"2.0","id":'
 
 @dataclass(frozen=True, slots=True)
 class CacheEntry:
-    """One stored result, pre-split so a hit costs two byte joins.
+    """One stored result, pre-rendered so a hit costs one byte join.
 
-    The response to a hit is ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs +
-    ``tail``; ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored
-    lifetime (already capped by ``max_ttl_ms``), ``size`` the payload size in bytes.
+    ``head`` and ``tail`` are the serialised result before and after its ``ttlMs`` value
+    (views of one buffer, so the result is held once). The response to a hit is
+    ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs + ``tail``;
+    ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored lifetime
+    (already capped by ``max_ttl_ms``), ``size`` the payload size in bytes.
     """
 
-    head: bytes
-    tail: bytes
+    head: bytes | memoryview
+    tail: bytes | memoryview
     stored_at: float
     expires_at: float
     ttl_ms: int
@@ -162,6 +164,7 @@ class CacheEntry:
         return b"".join((_RESPONSE_START, id_json, self.head, str(ttl_ms).encode(), self.tail))
 
 
+_RESULT: Final = b',"result":'
 _PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)
 _PLACEHOLDER_JSON: Final = dumps(_PLACEHOLDER)
 
@@ -176,13 +179,17 @@ def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> Cach
     ttl_ms = min(int(result["ttlMs"]), max_ttl_ms)
     result["ttlMs"] = _PLACEHOLDER
     try:
-        rendered = b',"result":' + dumps(result) + b"}"
+        # A fresh, exact-size copy: orjson's own output buffer is over-allocated, and the
+        # entry may live for an hour.
+        rendered = _RESULT + dumps(result) + b"}"
     except ValueError:  # a non-finite number parsed from an exotic literal: not storable
         return None
-    parts = rendered.split(_PLACEHOLDER_JSON)
-    if len(parts) != 2:
+    at = rendered.find(_PLACEHOLDER_JSON)
+    end = at + len(_PLACEHOLDER_JSON)
+    if at < 0 or rendered.find(_PLACEHOLDER_JSON, end) >= 0:
         return None
-    return CacheEntry(parts[0], parts[1], now, now + ttl_ms / 1000, ttl_ms, len(rendered))
+    view = memoryview(rendered)
+    return CacheEntry(view[:at], view[end:], now, now + ttl_ms / 1000, ttl_ms, len(rendered))
 
 
 class CacheStore(Protocol):

@@ -66,12 +66,31 @@ def setup_logging(level: str, fmt: str) -> None:
         access.handlers[:] = [AccessLogHandler()]
         access.propagate = False
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(_TextFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         access.handlers[:] = []
         access.propagate = True
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+
+
+class _TextFormatter(logging.Formatter):
+    """Plain text, with the fields a record carries through ``extra=`` (the access log's
+    upstream, method, status, cache status, duration) appended as ``key=value``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+        return line + "".join(f" {k}={v}" for k, v in extra.items()) if extra else line
+
+
+_RECORD_ATTRS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+#: How long a stopping gateway waits for requests still being answered, in seconds (SSE
+#: relays are ended first, see Proxy.close_streams), well inside Kubernetes' 30 s grace.
+SHUTDOWN_TIMEOUT_S: Final = 10.0
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -184,6 +203,7 @@ def serve(config: GatewayConfig, *, host: str | None = None, port: int | None = 
             port=None if sock else bind_port,
             sock=sock,
             handler_cancellation=True,  # a caller that disconnects cancels its upstream request
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             access_log=None,
             print=lambda msg: log.info(msg),
             loop=new_event_loop(),
@@ -210,7 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=os.environ.get("MCP_GATEWAY_WORKERS", "1"),
         help="worker processes sharing the port via SO_REUSEPORT, each with its own cache (default 1)",
     )
-    p_serve.add_argument("--log-level", default=os.environ.get("MCP_GATEWAY_LOG_LEVEL", "info"))
+    p_serve.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=os.environ.get("MCP_GATEWAY_LOG_LEVEL", "info").lower(),
+        help="default info (one access-log line per request); warning silences the access log",
+    )
     p_serve.add_argument(
         "--log-format", choices=("json", "text"), default=os.environ.get("MCP_GATEWAY_LOG_FORMAT", "json")
     )

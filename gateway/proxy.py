@@ -199,6 +199,8 @@ class Proxy:
         #: Called as ``on_success(upstream, protocol_version)`` after an upstream answered a
         #: modern request with a JSON-RPC result (the registry's "observed" versions).
         self.on_success: Callable[[str, str], None] | None = None
+        self._streams: set[aiohttp.ClientResponse] = set()
+        self._closing = False
 
     # -- entry points -------------------------------------------------------------------
 
@@ -211,6 +213,10 @@ class Proxy:
             response = await self._post(request, outcome)
         except GatewayError as err:
             response = self._error_response(err, outcome)
+        except web.HTTPException:
+            raise
+        except Exception:
+            response = self._internal_error(request, outcome)
         finally:
             self._observe(request, outcome, response, started)
         return response
@@ -221,13 +227,17 @@ class Proxy:
         outcome = _Outcome(request.match_info["name"], method=request.method, cache="bypass")
         response: web.StreamResponse | None = None
         try:
-            upstream = self._upstream(outcome.upstream)
             self._check_origin(request)
             self._check_auth(request, None)
+            upstream = self._upstream(outcome.upstream)
             outcome.cache_status = status = _status("fwd=bypass", "detail=legacy")
             response = await self._forward(request, upstream, None, None, None, status, outcome)
         except GatewayError as err:
             response = self._error_response(err, outcome)
+        except web.HTTPException:
+            raise
+        except Exception:
+            response = self._internal_error(request, outcome)
         finally:
             self._observe(request, outcome, response, started)
         return response
@@ -235,7 +245,8 @@ class Proxy:
     # -- the POST path ------------------------------------------------------------------
 
     async def _post(self, request: web.Request, outcome: _Outcome) -> web.StreamResponse:
-        upstream = self._upstream(outcome.upstream)
+        # Authentication comes before the upstream lookup, so that callers without a token
+        # cannot tell configured upstream names from others.
         self._check_origin(request)
         try:
             body = await request.read()
@@ -245,9 +256,11 @@ class Proxy:
             parsed = parse_request(body, request.headers)
         except GatewayError as err:
             self._check_auth(request, err.request_id)
+            self._upstream(outcome.upstream, err.request_id)
             raise
         outcome.method = method = method_label(parsed.method)
         self._check_auth(request, parsed.request_id)
+        upstream = self._upstream(outcome.upstream, parsed.request_id)
 
         name = upstream.name
         bypass = parsed.cache_bypass
@@ -303,11 +316,21 @@ class Proxy:
 
     # -- checks -------------------------------------------------------------------------
 
-    def _upstream(self, name: str) -> Upstream:
+    def _upstream(self, name: str, request_id: object = None) -> Upstream:
         upstream = self.upstreams.get(name)
         if upstream is None:
-            raise NotFound(f"no upstream named {name!r} behind this gateway", data={"upstream": name})
+            raise NotFound(
+                f"no upstream named {name!r} behind this gateway", request_id=request_id, data={"upstream": name}
+            )
         return upstream
+
+    async def close_streams(self) -> None:
+        """End every SSE answer being relayed (the app's ``on_shutdown``): each caller gets a
+        clean end of stream with a JSON-RPC error (-32603) instead of waiting out the
+        shutdown timeout; a listen stream's client then re-subscribes elsewhere."""
+        self._closing = True
+        for resp in list(self._streams):
+            resp.close()
 
     def _check_origin(self, request: web.Request) -> None:
         origin = request.headers.get("Origin")
@@ -364,7 +387,11 @@ class Proxy:
         try:
             async with upstream.open(request.method, body, headers) as resp:
                 if resp.content_type == "text/event-stream":
-                    return await self._relay_stream(request, upstream, resp, parsed, key, cache_status, outcome)
+                    self._streams.add(resp)
+                    try:
+                        return await self._relay_stream(request, upstream, resp, parsed, key, cache_status, outcome)
+                    finally:
+                        self._streams.discard(resp)
                 data = await upstream.read_body(resp, loop.time() + upstream.config.timeout_s)
                 return self._relay_body(upstream, resp, data, parsed, key, cache_status, outcome)
         except GatewayError as err:
@@ -492,9 +519,8 @@ class Proxy:
                 cut_answer, _ = _final_response(parser.feed(b"\n\n"), request_id)
                 if cut_answer is None:
                     outcome.error_code = BadGateway.code
-                    error = BadGateway(
-                        f"upstream {upstream.name} ended the stream before answering", request_id=request_id
-                    )
+                    reason = "the gateway is shutting down" if self._closing else "ended the stream before answering"
+                    error = BadGateway(f"upstream {upstream.name}: {reason}", request_id=request_id)
                     await out.write(b"event: message\ndata: " + error.body() + b"\n\n")
         except ConnectionResetError:
             # The caller went away: that is the cancellation (gotcha 6); closing our side
@@ -522,6 +548,12 @@ class Proxy:
             outcome.cache_status = _status("detail=rejected")
         headers = {"Content-Type": "application/json", "Cache-Status": outcome.cache_status, **err.headers}
         return web.Response(body=err.body(), status=err.status, headers=headers)
+
+    def _internal_error(self, request: web.Request, outcome: _Outcome) -> web.Response:
+        """A bug, not a protocol error: logged with its traceback, answered as a JSON-RPC
+        internal error (HTTP 500) and counted, without the traceback reaching the caller."""
+        request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return self._error_response(GatewayError("Internal error in the gateway"), outcome)
 
     def _observe(
         self, request: web.Request, outcome: _Outcome, response: web.StreamResponse | None, started: float

@@ -134,7 +134,7 @@ async def jsonrpc_error(resp: aiohttp.ClientResponse) -> tuple[int, int, object]
 
 async def test_unknown_upstream_is_404_with_a_jsonrpc_error(make_env: Any) -> None:
     env = await make_env()
-    resp = await env.post(rpc("tools/list"), name="nope")
+    resp = await env.post({}, name="nope", raw=b"{not json")
     assert await jsonrpc_error(resp) == (404, -32601, None)
 
 
@@ -592,3 +592,35 @@ async def test_metrics_count_hits_and_misses(make_env: Any) -> None:
     assert 'mcp_gateway_cache_lookups_total{method="tools/list",result="miss",upstream="up"} 1.0' in text
     assert 'mcp_gateway_cache_stores_total{method="tools/list",outcome="stored",upstream="up"} 1.0' in text
     assert "mcp_gateway_cache_entries 1.0" in text
+
+
+async def test_unknown_upstream_echoes_the_readable_id(make_env: Any) -> None:
+    env = await make_env()
+    resp = await env.post(rpc("tools/list", id_="x-9"), name="nope")
+    assert await jsonrpc_error(resp) == (404, -32601, "x-9")
+
+
+async def test_callers_without_a_token_cannot_probe_upstream_names(make_env: Any) -> None:
+    env = await make_env(auth={"tokens": [TOKEN]})
+    for name in ("up", "nope"):
+        resp = await env.post(rpc("tools/list", id_=4), name=name)
+        assert await jsonrpc_error(resp) == (401, -32600, 4)
+
+
+async def test_shutdown_ends_relayed_streams_with_an_error_event(make_env: Any) -> None:
+    env = await make_env()
+
+    async def forever(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b": ping\n\n")
+        await asyncio.sleep(30)
+        return resp
+
+    env.upstream.handlers["subscriptions/listen"] = forever
+    resp = await env.post(rpc("subscriptions/listen", id_=12, notifications={"toolsListChanged": True}))
+    await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
+    await env.app.shutdown()  # what the runner does first on SIGTERM
+    rest = await asyncio.wait_for(resp.content.read(), 5)
+    last = orjson.loads(rest.strip().split(b"data: ")[-1])
+    assert last["id"] == 12 and last["error"]["code"] == -32603
