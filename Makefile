@@ -29,8 +29,16 @@ unit: $(STAMP)
 test: $(STAMP) tools lint typecheck
 	$(BIN)/pytest -q -p no:cacheprovider
 
-demo: $(STAMP)
-	$(BIN)/mcp-gateway demo
+DEMO_STAMP := $(VENV)/.installed-demo
+PORT ?= 8080
+
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[demo,speed]'
+	touch $@
+
+demo: $(DEMO_STAMP)
+	$(BIN)/mcp-gateway demo --port $(PORT)
 
 soak: $(STAMP)
 	$(BIN)/python scripts/soak.py --duration $(or $(DURATION),60)
