@@ -11,7 +11,6 @@ touches this module.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import heapq
 import itertools
@@ -84,10 +83,15 @@ def make_key(
     if params.keys() <= _META_ONLY:
         rest = _NO_PARAMS  # the usual list request: nothing but _meta
     else:
-        rest = canonical_json({k: v for k, v in params.items() if k != "_meta"})
+        # A copy: orjson's output holds a ~4 KB buffer whatever its length, and the keys of
+        # stored entries live as long as the entries.
+        rest = memoryview(canonical_json({k: v for k, v in params.items() if k != "_meta"})).tobytes()
     caps: bytes | None = None
     if vary_on_capabilities and isinstance(meta, dict):
-        caps = _digest(canonical_json(meta.get(CLIENT_CAPABILITIES_KEY)))
+        caps_json = canonical_json(meta.get(CLIENT_CAPABILITIES_KEY))
+        caps = _DIGESTS.get(caps_json)
+        if caps is None:
+            caps = _digest(caps_json)
     auth = None if authorization is None else hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).digest()
     return CacheKey(upstream, request.method, rest, request.version, caps, auth)
 
@@ -96,10 +100,18 @@ _META_ONLY: Final = frozenset({"_meta"})
 _NO_PARAMS: Final = canonical_json({})
 
 
-@functools.lru_cache(maxsize=1024)
-def _digest(data: bytes) -> bytes:
-    # Clients send the same few capability sets over and over.
-    return hashlib.sha256(data).digest()
+#: SHA-256 of recently seen canonical clientCapabilities (clients send the same few sets
+#: over and over): a bounded memo, emptied when full, that changes no behaviour.
+_DIGESTS: dict[bytes, bytes] = {}
+_DIGESTS_MAX: Final = 1024
+
+
+def _digest(caps_json: bytes) -> bytes:
+    digest = hashlib.sha256(caps_json).digest()
+    if len(_DIGESTS) >= _DIGESTS_MAX:
+        _DIGESTS.clear()
+    _DIGESTS[memoryview(caps_json).tobytes()] = digest  # an exact-size copy, see make_key
+    return digest
 
 
 def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> str:

@@ -93,11 +93,25 @@ SHUTDOWN_TIMEOUT_S: Final = 10.0
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """A new event loop: uvloop's when it is installed (the ``speed`` extra), else asyncio's."""
+#: ``--loop`` values: ``auto`` is uvloop when it is installed (the ``speed`` extra), else asyncio.
+LOOPS: Final = ("auto", "uvloop", "asyncio")
+
+
+def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
+    """A new event loop of ``kind`` (see :data:`LOOPS`).
+
+    Raises:
+        SystemExit: ``uvloop`` was asked for and is not installed.
+    """
+    if kind == "asyncio":
+        return asyncio.new_event_loop()
     try:
         import uvloop
-    except ImportError:  # optional speed-up
+    except ImportError as exc:  # optional speed-up
+        if kind == "uvloop":
+            raise SystemExit(
+                "mcp-gateway: --loop uvloop: uvloop is not installed (pip install 'mcp-gateway[speed]')"
+            ) from exc
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
 
@@ -183,7 +197,9 @@ def run_workers(socks: Sequence[socket.socket], run_one: Callable[[socket.socket
     return status
 
 
-def serve(config: GatewayConfig, *, host: str | None = None, port: int | None = None, workers: int = 1) -> int:
+def serve(
+    config: GatewayConfig, *, host: str | None = None, port: int | None = None, workers: int = 1, loop: str = "auto"
+) -> int:
     """Run the gateway until interrupted (uvloop when installed); returns the exit status.
 
     ``workers`` > 1 runs that many processes accepting on one port (``SO_REUSEPORT``,
@@ -206,7 +222,7 @@ def serve(config: GatewayConfig, *, host: str | None = None, port: int | None = 
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             access_log=None,
             print=lambda msg: log.info(msg),
-            loop=new_event_loop(),
+            loop=new_event_loop(loop),
         )
 
     if workers <= 1:
@@ -231,6 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="worker processes sharing the port via SO_REUSEPORT, each with its own cache (default 1)",
     )
     p_serve.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default=os.environ.get("MCP_GATEWAY_LOOP", "auto"),
+        help="event loop: auto (uvloop when installed, the default), uvloop or asyncio",
+    )
+    p_serve.add_argument(
         "--log-level",
         type=str.lower,
         choices=LOG_LEVELS,
@@ -252,7 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "serve":
         setup_logging(args.log_level, args.log_format)
-        return serve(_load(_config_path(args.config)), host=args.host, port=args.port, workers=args.workers)
+        return serve(
+            _load(_config_path(args.config)), host=args.host, port=args.port, workers=args.workers, loop=args.loop
+        )
     from .demo import run_demo
 
     return run_demo(gateway_port=args.port)
