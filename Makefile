@@ -40,6 +40,10 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/mcp-gateway demo --port $(PORT)
 
+bench: $(STAMP)
+	bash scripts/install-bench-tools.sh
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 soak: $(STAMP)
 	$(BIN)/python scripts/soak.py --duration $(or $(DURATION),60)
 

@@ -94,16 +94,19 @@ class AccessLogHandler(logging.Handler):
         if not self._pending:
             return
         lines, self._pending, self._pending_bytes = self._pending, [], 0
-        chunks: list[bytes] = []
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            if chunk and size + len(line) + 1 > _ATOMIC_WRITE:
-                chunks.append(b"\n".join(chunk) + b"\n")
-                chunk, size = [], 0
-            chunk.append(line)
-            size += len(line) + 1
-        chunks.append(b"\n".join(chunk) + b"\n")
+        lines.append(b"")
+        data = b"\n".join(lines)
+        # Cut at the last line end within each PIPE_BUF (a longer line goes alone, whole).
+        chunks: list[bytes | memoryview] = []
+        view, start, size = memoryview(data), 0, len(data)
+        while size - start > _ATOMIC_WRITE:
+            cut = data.rfind(b"\n", start, start + _ATOMIC_WRITE)
+            if cut < 0:
+                cut = data.find(b"\n", start + _ATOMIC_WRITE)
+            chunks.append(view[start : cut + 1])
+            start = cut + 1
+        if start < size:
+            chunks.append(view[start:])
         try:
             self._write(chunks)
         except Exception:  # a log line is never worth a failed request
@@ -127,12 +130,12 @@ class AccessLogHandler(logging.Handler):
                 return
             self._scheduled = loop.call_later(FLUSH_DELAY_S, self.flush)
 
-    def _write(self, chunks: list[bytes]) -> None:
+    def _write(self, chunks: list[bytes | memoryview]) -> None:
         try:
             fd = self.stream.fileno()
         except (AttributeError, OSError, ValueError):
             for chunk in chunks:
-                self.stream.write(chunk.decode())
+                self.stream.write(bytes(chunk).decode())
             self.stream.flush()
             return
         self.stream.flush()  # whatever other writers left in the stream's buffer goes first

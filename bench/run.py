@@ -1,0 +1,844 @@
+"""``make bench``: the gateway's performance yardstick, measured as ratios in one run.
+
+Usage: python bench/run.py [--quick] [--workers 1,2] [--duration S] [--connections 32] [--out PATH]
+
+Starts on 127.0.0.1 only: a real ``mcp`` SDK upstream with 25 tools (bench/upstream_25_tools.py,
+~19 KB ``tools/list``, public cache hints), the bare aiohttp floor (bench/floor.py: same
+bytes, same event loop, same process count as the gateway), the gateway (``mcp-gateway serve``,
+default logging, i.e. the JSON access log at INFO, ``--workers N``), a second gateway with
+``max_entries = 0`` (caching off), and for the memory figure a scripted upstream with ~4 KB
+pages (bench/paged_upstream.py). Load comes from ``wrk`` (bench/mcp.lua) and, for the cold
+burst and the memory fill, from this script. Every load is bounded in time and requests.
+
+For each worker count N it measures, side by side:
+  cached      ``tools/list`` and ``server/discover`` hits: requests/s, p50, p99, ratio to the floor
+              (the floor answers the same bytes as the upstream does for that method);
+  forwarding  ``tools/call`` (never cacheable) through the gateway and ``tools/list`` through
+              the caching-off gateway, against the upstream directly: added p50/p99 latency at
+              1 connection, throughput ratio at 8 connections;
+  cold burst  200 concurrent identical ``tools/list`` on an empty cache: upstream requests made
+              (counted by the upstream itself);
+and once, with one worker: resident memory per stored ~4 KB entry over 10,000 entries.
+
+Prints markdown tables and writes JSON to bench-results/latest.json. Child processes are
+stopped on exit, error and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import http.client
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+LUA = BENCH / "mcp.lua"
+PY = sys.executable
+HOST = "127.0.0.1"
+V = "2026-07-28"
+META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": {}}
+CALL_NAME = "get_issue"
+CALL_ARGS = {"repo": "acme/payments-api", "number": 42}
+
+TARGETS = {
+    "cached_ratio_min": 0.8,
+    "forward_added_p50_ms_max": 1.0,
+    "cold_burst_upstream_requests": 1,
+    "memory_ratio_max": 2.5,
+}
+
+
+# -- child processes ----------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    """Every child process this run started, each in its own process group."""
+
+    logs: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own group: workers it forks are stopped with it
+        )
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait)
+        # Workers of a gateway whose parent already exited: their group is still the leader's pid.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        self.procs = [(n, p) for n, p in self.procs if p is not proc]
+
+    def close(self) -> None:
+        for _, proc in reversed(list(self.procs)):
+            self.stop(proc)
+
+    def log_tail(self, name: str, lines: int = 20) -> str:
+        path = self.logs / f"{name}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+# -- plain HTTP (stdlib; setup and checks only) ---------------------------------------------
+
+
+def mcp_body(method: str, id_: object = 1, **params: Any) -> bytes:
+    return json.dumps(
+        {"jsonrpc": "2.0", "id": id_, "method": method, "params": {**params, "_meta": META}},
+        separators=(",", ":"),
+    ).encode()
+
+
+def mcp_headers(method: str, name: str | None = None) -> dict[str, str]:
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": V,
+        "Mcp-Method": method,
+    }
+    if name is not None:
+        headers["Mcp-Name"] = name
+    return headers
+
+
+def fetch(
+    port: int, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection(HOST, port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def mcp_call(port: int, path: str, method: str, id_: object = 1, **params: Any) -> tuple[int, dict[str, str], bytes]:
+    name = params.get("name") if method == "tools/call" else None
+    return fetch(port, "POST", path, mcp_body(method, id_, **params), mcp_headers(method, name))
+
+
+def wait_ready(fleet: Fleet, name: str, proc: subprocess.Popen[bytes], probe: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{fleet.log_tail(name)}")
+        try:
+            if probe():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{name} not ready after 60 s:\n{fleet.log_tail(name)}")
+
+
+def upstream_counts(port: int) -> Counter[str]:
+    return Counter(json.loads(fetch(port, "GET", "/_counts")[2]))
+
+
+def metric(port: int, name: str) -> float:
+    """One unlabelled sample from a gateway's /metrics (the worker the connection reached)."""
+    text = fetch(port, "GET", "/metrics")[2].decode()
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else float("nan")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds used so far by the live processes of process group ``pgid``."""
+    ticks = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid:  # fields[2] is pgrp; utime, stime are fields 11 and 12
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+# -- wrk ------------------------------------------------------------------------------------
+
+
+def wrk(
+    fleet: Fleet,
+    url: str,
+    method: str,
+    *,
+    connections: int,
+    duration: float,
+    name: str | None = None,
+    args: dict[str, Any] | None = None,
+    server: subprocess.Popen[bytes] | None = None,
+) -> dict[str, Any]:
+    """One wrk run (1 thread); requests/s and latency percentiles in ms, and with ``server``
+    the CPU time its process group (all its workers) spent per request, in microseconds."""
+    env = {"MCP_METHOD": method}
+    if name is not None:
+        env["MCP_NAME"] = name
+        env["MCP_ARGS"] = json.dumps(args or {}, separators=(",", ":"))
+    load_before = os.getloadavg()[0]
+    cpu_before = group_cpu_seconds(server.pid) if server is not None else 0.0
+    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "10s", "-s", str(LUA), url]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    fleet.procs.append(("wrk", proc))
+    try:
+        out, _ = proc.communicate(timeout=duration + 60)
+    finally:
+        fleet.stop(proc)
+    cpu = group_cpu_seconds(server.pid) - cpu_before if server is not None else None
+    line = next((ln for ln in out.decode().splitlines() if ln.startswith("BENCH_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk gave no summary:\n{out.decode()}")
+    raw = json.loads(line[len("BENCH_JSON ") :])
+    lat = raw["latency_us"]
+    errors = raw["errors"]
+    return {
+        "rps": round(raw["requests"] / (raw["duration_us"] / 1e6), 1),
+        "p50_ms": lat["p50"] / 1000,
+        "p90_ms": lat["p90"] / 1000,
+        "p99_ms": lat["p99"] / 1000,
+        "requests": raw["requests"],
+        "non_2xx": errors["status"],
+        "socket_errors": errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
+        "connections": connections,
+        "duration_s": duration,
+        "loadavg_1m_before": round(load_before, 2),
+        "cpu_us_per_request": round(cpu * 1e6 / raw["requests"], 1) if cpu is not None and raw["requests"] else None,
+    }
+
+
+# -- the cold burst ---------------------------------------------------------------------------
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            k, v = line.split(":", 1)
+            headers[k.strip().lower()] = v.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+async def _burst(port: int, path: str, count: int) -> list[tuple[int, dict[str, str], bytes]]:
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for start in range(0, count, 50):  # connect first (in batches: accept backlog), send later
+            conns += await asyncio.gather(*(asyncio.open_connection(HOST, port) for _ in range(start, start + 50)))
+        conns = conns[:count]
+        await asyncio.sleep(0.5)  # let the server accept every connection: only the requests race
+        head = f"POST {path} HTTP/1.1\r\nHost: {HOST}:{port}\r\n" + "".join(
+            f"{k}: {v}\r\n" for k, v in mcp_headers("tools/list").items()
+        )
+        requests = []
+        for i in range(count):
+            body = mcp_body("tools/list", f"burst-{i}")
+            requests.append(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        for (_, writer), request in zip(conns, requests, strict=True):  # all sent in one loop pass
+            writer.write(request)
+        return await asyncio.wait_for(asyncio.gather(*(_read_response(r) for r, _ in conns)), 60)
+    finally:
+        for _, writer in conns:
+            writer.close()
+
+
+def cold_burst(gw_port: int, upstream_port: int, count: int = 200) -> dict[str, Any]:
+    before = upstream_counts(upstream_port)["tools/list"]
+    started = time.perf_counter()
+    responses = asyncio.run(_burst(gw_port, "/servers/workspace/mcp", count))
+    elapsed = time.perf_counter() - started
+    made = upstream_counts(upstream_port)["tools/list"] - before
+    statuses = Counter(str(s) for s, _, _ in responses)
+    kinds: Counter[str] = Counter()
+    wrong_ids = 0
+    for i, (_, headers, body) in enumerate(responses):
+        cs = headers.get("cache-status", "")
+        kinds["coalesced" if "collapsed" in cs else "hit" if "; hit" in cs else "miss" if "fwd=miss" in cs else cs] += 1
+        if json.loads(body).get("id") != f"burst-{i}":
+            wrong_ids += 1
+    return {
+        "requests": count,
+        "upstream_requests": made,
+        "statuses": dict(statuses),
+        "cache_status": dict(kinds),
+        "wrong_ids": wrong_ids,
+        "seconds": round(elapsed, 3),
+    }
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+async def _fill(port: int, cursors: list[str], concurrency: int = 16) -> Counter[str]:
+    import aiohttp
+
+    outcomes: Counter[str] = Counter()
+    queue = iter(cursors)
+    url = f"http://{HOST}:{port}/servers/paged/mcp"
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        for cursor in queue:
+            async with session.post(
+                url, data=mcp_body("tools/list", 1, cursor=cursor), headers=mcp_headers("tools/list")
+            ) as resp:
+                await resp.read()
+                cs = resp.headers.get("Cache-Status", "")
+                outcomes["stored" if resp.status == 200 and "stored" in cs else f"{resp.status} {cs}"] += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    return outcomes
+
+
+def memory(fleet: Fleet, workdir: Path, entries: int, opts: argparse.Namespace) -> dict[str, Any]:
+    paged_port, gw_port = free_port(), free_port()
+    paged = fleet.start("paged-upstream", [PY, str(BENCH / "paged_upstream.py"), str(paged_port)])
+    wait_ready(fleet, "paged-upstream", paged, lambda: fetch(paged_port, "GET", "/_counts")[0] == 200)
+    config = workdir / "gateway-memory.toml"
+    config.write_text(
+        f'[listener]\nhost = "{HOST}"\nport = {gw_port}\n\n[cache]\nmax_entries = {entries * 2}\n\n'
+        f'[upstreams.paged]\nurl = "http://{HOST}:{paged_port}/mcp"\n'
+    )
+    gw = fleet.start("gateway-memory", gateway_argv(config, 1, "info", opts.loop))
+    wait_ready(fleet, "gateway-memory", gw, lambda: fetch(gw_port, "GET", "/readyz")[0] == 200)
+    warm = asyncio.run(_fill(gw_port, [f"warm-{i}" for i in range(200)]))
+    time.sleep(0.5)
+    rss_before = rss_kib(gw.pid)
+    bytes_before = metric(gw_port, "mcp_gateway_cache_bytes")
+    started = time.perf_counter()
+    outcomes = asyncio.run(_fill(gw_port, [f"c{i:06d}" for i in range(entries)]))
+    fill_s = time.perf_counter() - started
+    time.sleep(0.5)
+    rss_after = rss_kib(gw.pid)
+    bytes_after = metric(gw_port, "mcp_gateway_cache_bytes")
+    stored_entries = metric(gw_port, "mcp_gateway_cache_entries")
+    fleet.stop(gw)
+    fleet.stop(paged)
+    payload = (bytes_after - bytes_before) / entries
+    per_entry = (rss_after - rss_before) * 1024 / entries
+    return {
+        "entries": entries,
+        "stored": outcomes.get("stored", 0),
+        "not_stored": {k: v for k, v in outcomes.items() if k != "stored"}
+        | {f"warm {k}": v for k, v in warm.items() if k != "stored"},
+        "entries_in_cache": stored_entries,
+        "payload_bytes_per_entry": round(payload, 1),
+        "rss_before_kib": rss_before,
+        "rss_after_kib": rss_after,
+        "rss_bytes_per_entry": round(per_entry, 1),
+        "ratio": round(per_entry / payload, 3) if payload else None,
+        "fill_seconds": round(fill_s, 2),
+    }
+
+
+# -- one worker count ----------------------------------------------------------------------------
+
+
+def gateway_argv(config: Path, workers: int, log_level: str, loop: str = "auto") -> list[str]:
+    return [
+        PY,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--config",
+        str(config),
+        "--workers",
+        str(workers),
+        "--log-level",
+        log_level,
+        "--log-format",
+        "json",
+        "--loop",
+        loop,
+    ]
+
+
+def write_gateway_config(path: Path, port: int, upstream_port: int, *, caching: bool) -> None:
+    cache = "" if caching else "[cache]\nmax_entries = 0   # caching off: every request is forwarded\n\n"
+    path.write_text(
+        f'[listener]\nhost = "{HOST}"\nport = {port}\n\n{cache}'
+        f'[upstreams.workspace]\nurl = "http://{HOST}:{upstream_port}/mcp"\n'
+    )
+
+
+def check_hit(port: int, method: str) -> None:
+    """A cached answer through the gateway: 200, a hit, the caller's id, a ttlMs."""
+    status, headers, body = mcp_call(port, "/servers/workspace/mcp", method, "check-hit")
+    msg = json.loads(body)
+    ok = (
+        status == 200
+        and headers.get("cache-status", "").startswith("mcp-gateway; hit")
+        and msg.get("id") == "check-hit"
+        and isinstance(msg.get("result", {}).get("ttlMs"), int)
+    )
+    if not ok:
+        raise RuntimeError(f"{method} through the gateway is not a correct hit: {status} {headers} {body[:200]!r}")
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median requests/s (its own latencies), plus every run's requests/s."""
+    ordered = sorted(runs, key=lambda r: r["rps"])
+    mid = dict(ordered[(len(ordered) - 1) // 2])
+    mid["rps_all"] = [r["rps"] for r in runs]
+    mid["non_2xx"] = sum(r["non_2xx"] for r in runs)
+    mid["socket_errors"] = sum(r["socket_errors"] for r in runs)
+    return mid
+
+
+def bench_workers(
+    fleet: Fleet, workdir: Path, n: int, up_port: int, bodies: dict[str, Path], opts: argparse.Namespace
+) -> dict[str, Any]:
+    floor_port, gw_port, off_port = free_port(), free_port(), free_port()
+    floor_argv = [PY, str(BENCH / "floor.py"), "--port", str(floor_port), "--workers", str(n), "--loop", opts.loop]
+    floor_argv += ["--body", str(bodies["tools/list"])] + [f"--body={m}={p}" for m, p in bodies.items()]
+    floor = fleet.start(f"floor-{n}", floor_argv)
+    on_cfg, off_cfg = workdir / f"gateway-{n}.toml", workdir / f"gateway-{n}-off.toml"
+    write_gateway_config(on_cfg, gw_port, up_port, caching=True)
+    write_gateway_config(off_cfg, off_port, up_port, caching=False)
+    gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop))
+    off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop))
+    wait_ready(fleet, f"floor-{n}", floor, lambda: fetch(floor_port, "POST", "/", b"{}")[0] == 200)
+    for name, proc, port in ((f"gateway-{n}", gw, gw_port), (f"gateway-{n}-off", off, off_port)):
+        wait_ready(fleet, name, proc, lambda port=port: fetch(port, "GET", "/readyz")[0] == 200)
+    time.sleep(0.5 * n)  # every worker up, not only the first to answer
+    path = "/servers/workspace/mcp"
+    gw_url, off_url = f"http://{HOST}:{gw_port}{path}", f"http://{HOST}:{off_port}{path}"
+    floor_url, direct_url = f"http://{HOST}:{floor_port}{path}", f"http://{HOST}:{up_port}/mcp"
+    out: dict[str, Any] = {"workers": n}
+
+    if "burst" in opts.parts:
+        log(f"[workers={n}] cold burst: 200 concurrent tools/list on an empty cache")
+        out["cold_burst"] = cold_burst(gw_port, up_port)
+    if "cached" in opts.parts:
+        out["cached"] = cached_runs(fleet, n, gw_port, up_port, (floor_url, floor), (gw_url, gw), bodies, opts)
+    if "forwarding" in opts.parts:
+        out["forwarding"] = forwarding_runs(fleet, n, direct_url, gw_url, off_url, opts)
+    for proc in (floor, gw, off):
+        fleet.stop(proc)
+    return out
+
+
+def cached_runs(
+    fleet: Fleet,
+    n: int,
+    gw_port: int,
+    up_port: int,
+    floor: tuple[str, subprocess.Popen[bytes]],
+    gateway: tuple[str, subprocess.Popen[bytes]],
+    bodies: dict[str, Path],
+    opts: argparse.Namespace,
+) -> dict[str, Any]:
+    path = "/servers/workspace/mcp"
+
+    # Warm every worker's cache (new connections spread over the workers), then check.
+    for method in ("tools/list", "server/discover"):
+        for i in range(20 * n):
+            mcp_call(gw_port, path, method, i)
+        check_hit(gw_port, method)
+    before = upstream_counts(up_port)
+    cached: dict[str, Any] = {}
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(opts.rounds):
+        for method in ("tools/list", "server/discover"):
+            for target, (url, server) in (("floor", floor), ("gateway", gateway)):
+                log(f"[workers={n}] cached {method}: {target} (round {r + 1}/{opts.rounds})")
+                runs.setdefault((method, target), []).append(
+                    wrk(fleet, url, method, connections=opts.connections, duration=opts.duration, server=server)
+                )
+    upstream_during = upstream_counts(up_port) - before
+    for method in ("tools/list", "server/discover"):
+        floor_runs, gw_runs = runs[(method, "floor")], runs[(method, "gateway")]
+        ratios = [g["rps"] / f["rps"] for g, f in zip(gw_runs, floor_runs, strict=True)]
+        cpu_ratios = [
+            f["cpu_us_per_request"] / g["cpu_us_per_request"]
+            for g, f in zip(gw_runs, floor_runs, strict=True)
+            if g["cpu_us_per_request"] and f["cpu_us_per_request"]
+        ]
+        cached[method] = {
+            "gateway": median_run(gw_runs),
+            "floor": median_run(floor_runs),
+            "ratio": round(statistics.median(ratios), 3),
+            "ratio_all": [round(x, 3) for x in ratios],
+            # floor CPU per request / gateway CPU per request: the same ratio, less sensitive
+            # to other load on the machine (it is what the throughput ratio would be if both
+            # had the CPU to themselves).
+            "cpu_ratio": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
+            "response_bytes": bodies[method].stat().st_size,
+        }
+    cached["upstream_requests_during_cached_runs"] = dict(upstream_during)
+    return cached
+
+
+def forwarding_runs(
+    fleet: Fleet, n: int, direct_url: str, gw_url: str, off_url: str, opts: argparse.Namespace
+) -> dict[str, Any]:
+    forwarding: dict[str, Any] = {}
+    cases = (
+        ("tools/call", gw_url, {"name": CALL_NAME, "args": CALL_ARGS}),
+        ("tools/list (caching off)", off_url, {}),
+    )
+    for label, via, extra in cases:
+        method = label.split()[0]
+        row: dict[str, Any] = {}
+        runs: dict[str, list[dict[str, Any]]] = {}
+        # Latency: direct and gateway alternate for `rounds` rounds; the added latency is the
+        # median over rounds of (gateway - direct), so slow spells on the machine cancel out.
+        plan = [("latency", 1)] * opts.rounds + [("throughput", opts.fwd_connections)]
+        for mode, conns in plan:
+            for target, url in (("direct", direct_url), ("gateway", via)):
+                log(f"[workers={n}] forwarding {label}: {target}, {conns} connection(s)")
+                runs.setdefault(f"{target}_{mode}", []).append(
+                    wrk(
+                        fleet,
+                        url,
+                        method,
+                        connections=conns,
+                        duration=opts.fwd_duration,
+                        name=extra.get("name"),
+                        args=extra.get("args"),
+                    )
+                )
+        for name, target_runs in runs.items():
+            row[name] = median_run(target_runs)
+            row[name]["p50_ms_all"] = [r["p50_ms"] for r in target_runs]
+            row[name]["p99_ms_all"] = [r["p99_ms"] for r in target_runs]
+        pairs = list(zip(runs["gateway_latency"], runs["direct_latency"], strict=True))
+        row["added_p50_ms"] = round(statistics.median(g["p50_ms"] - d["p50_ms"] for g, d in pairs), 3)
+        row["added_p99_ms"] = round(statistics.median(g["p99_ms"] - d["p99_ms"] for g, d in pairs), 3)
+        row["direct_latency"]["p50_ms"] = statistics.median(d["p50_ms"] for _, d in pairs)
+        row["direct_latency"]["p99_ms"] = statistics.median(d["p99_ms"] for _, d in pairs)
+        row["gateway_latency"]["p50_ms"] = statistics.median(g["p50_ms"] for g, _ in pairs)
+        row["gateway_latency"]["p99_ms"] = statistics.median(g["p99_ms"] for g, _ in pairs)
+        row["throughput_ratio"] = round(row["gateway_throughput"]["rps"] / row["direct_throughput"]["rps"], 3)
+        forwarding[label] = row
+    return forwarding
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def machine(loop_option: str) -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for pkg in ("aiohttp", "uvloop", "orjson", "mcp", "prometheus-client", "cachetools"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[pkg] = importlib.metadata.version(pkg)
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop" if loop_option != "asyncio" else "asyncio"
+    except ImportError:
+        loop = "asyncio"
+    wrk_version = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("[")[0].strip()
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "event_loop": loop,
+        "packages": versions,
+        "wrk": wrk_version,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def tables(result: dict[str, Any]) -> str:
+    lines = []
+    conns = result["options"]["connections"]
+    lines.append(
+        f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count)"
+    )
+    lines.append("")
+    lines.append(
+        "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms | ratio "
+        "| CPU µs/req gateway / floor | CPU ratio |"
+    )
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for w in result["workers"]:
+        for method in ("tools/list", "server/discover") if "cached" in w else ():
+            c = w["cached"][method]
+            g, f = c["gateway"], c["floor"]
+            lines.append(
+                f"| {w['workers']} | {method} ({c['response_bytes']} B) | {g['rps']:.0f} | {g['p50_ms']:.2f} | "
+                f"{g['p99_ms']:.2f} | {f['rps']:.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | {c['ratio']:.2f} "
+                f"| {g['cpu_us_per_request']} / {f['cpu_us_per_request']} | {c['cpu_ratio']} |"
+            )
+    lines.append("")
+    fwd = result["options"]["fwd_connections"]
+    lines.append(
+        f"Forwarding (latency at 1 connection, medians of alternating rounds; throughput at {fwd} connections; "
+        "direct = the SDK upstream itself)"
+    )
+    lines.append("")
+    lines.append(
+        "| workers | request | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms | direct req/s | "
+        "gateway req/s | ratio |"
+    )
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    for w in result["workers"]:
+        for label, row in w.get("forwarding", {}).items():
+            d, g = row["direct_latency"], row["gateway_latency"]
+            lines.append(
+                f"| {w['workers']} | {label} | {d['p50_ms']:.2f} / {d['p99_ms']:.2f} | {g['p50_ms']:.2f} / "
+                f"{g['p99_ms']:.2f} | {row['added_p50_ms']:+.2f} / {row['added_p99_ms']:+.2f} | "
+                f"{row['direct_throughput']['rps']:.0f} | {row['gateway_throughput']['rps']:.0f} | "
+                f"{row['throughput_ratio']:.2f} |"
+            )
+    lines.append("")
+    lines.append("Cold burst (200 concurrent identical tools/list, empty cache; counted at the upstream)")
+    lines.append("")
+    lines.append("| workers | upstream requests | HTTP statuses | answered as | wrong ids | seconds |")
+    lines.append("|---|---:|---|---|---:|---:|")
+    for w in result["workers"]:
+        if "cold_burst" not in w:
+            continue
+        b = w["cold_burst"]
+        statuses = ", ".join(f"{k}: {v}" for k, v in sorted(b["statuses"].items()))
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(b["cache_status"].items()))
+        lines.append(
+            f"| {w['workers']} | {b['upstream_requests']} | {statuses} | {kinds} | {b['wrong_ids']} | {b['seconds']} |"
+        )
+    m = result.get("memory")
+    if m:
+        lines.append("")
+        lines.append(f"Memory (1 worker; RSS growth over {m['entries']} stored entries)")
+        lines.append("")
+        lines.append("| entries stored | payload B/entry | RSS before MiB | RSS after MiB | RSS B/entry | ratio |")
+        lines.append("|---:|---:|---:|---:|---:|---:|")
+        lines.append(
+            f"| {m['stored']} | {m['payload_bytes_per_entry']:.0f} | {m['rss_before_kib'] / 1024:.1f} | "
+            f"{m['rss_after_kib'] / 1024:.1f} | {m['rss_bytes_per_entry']:.0f} | {m['ratio']:.2f} |"
+        )
+    mach = result["machine"]
+    lines.append("")
+    lines.append(
+        f"Machine: {mach['cpu']}, {mach['cores']} cores, Linux {mach['kernel']}, Python {mach['python']}, "
+        f"{mach['event_loop']}, aiohttp {mach['packages'].get('aiohttp')}, {mach['wrk']}; "
+        f"load average at start {mach['loadavg_at_start'][0]}."
+    )
+    return "\n".join(lines)
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for w in result["workers"]:
+        n = w["workers"]
+        v: dict[str, bool] = {}
+        if "cached" in w:
+            methods = ("tools/list", "server/discover")
+            v["cached_ratio_ok"] = all(w["cached"][m]["ratio"] >= TARGETS["cached_ratio_min"] for m in methods)
+            v["cached_no_errors"] = all(
+                w["cached"][m][t]["non_2xx"] == 0 and w["cached"][m][t]["socket_errors"] == 0
+                for m in methods
+                for t in ("gateway", "floor")
+            )
+        if "forwarding" in w:
+            v["forward_added_p50_ok"] = all(
+                r["added_p50_ms"] <= TARGETS["forward_added_p50_ms_max"] for r in w["forwarding"].values()
+            )
+        if "cold_burst" in w:
+            made = w["cold_burst"]["upstream_requests"]
+            v["cold_burst_ok"] = made == TARGETS["cold_burst_upstream_requests"]
+            # Each worker has its own cache: N workers may each fetch a cold key once.
+            v["cold_burst_at_most_one_per_worker"] = 1 <= made <= n
+        out[f"workers={n}"] = v
+    m = result.get("memory")
+    if m:
+        out["memory_ok"] = m["ratio"] is not None and m["ratio"] <= TARGETS["memory_ratio_max"]
+    return out
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Gateway benchmark: ratios to a bare aiohttp floor, one run.")
+    p.add_argument("--quick", action="store_true", help="short runs, 1 round, 2,000 memory entries (~1 min)")
+    p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
+    p.add_argument("--duration", type=float, help="seconds per cached wrk run (default 3; quick 2)")
+    p.add_argument("--fwd-duration", type=float, help="seconds per forwarding wrk run (default 2; quick 2)")
+    p.add_argument("--rounds", type=int, help="alternating floor/gateway rounds for cached runs (default 3; quick 1)")
+    p.add_argument("--connections", type=int, default=32, help="wrk connections for cached runs (default 32)")
+    p.add_argument("--fwd-connections", type=int, default=8, help="wrk connections, forwarding throughput")
+    p.add_argument("--memory-entries", type=int, help="entries for the memory figure (default 10000; quick 2000)")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory figure")
+    p.add_argument(
+        "--only",
+        default="burst,cached,forwarding",
+        help="comma-separated parts to run per worker count: burst, cached, forwarding (default all)",
+    )
+    p.add_argument("--log-level", default="info", help="gateway --log-level (default info: access log on)")
+    p.add_argument(
+        "--loop",
+        default="auto",
+        choices=("auto", "uvloop", "asyncio"),
+        help="event loop of the gateway and the floor alike (default auto: uvloop when installed)",
+    )
+    p.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
+    opts = p.parse_args(argv)
+    opts.worker_counts = [int(x) for x in opts.workers.split(",") if x.strip()]
+    opts.parts = {x.strip() for x in opts.only.split(",") if x.strip()}
+    opts.duration = opts.duration or (2.0 if opts.quick else 3.0)
+    opts.fwd_duration = opts.fwd_duration or 2.0
+    opts.rounds = opts.rounds or (1 if opts.quick else 3)
+    opts.memory_entries = opts.memory_entries or (2000 if opts.quick else 10_000)
+    return opts
+
+
+@contextlib.contextmanager
+def fleet_context(logs: Path) -> Iterator[Fleet]:
+    fleet = Fleet(logs)
+    atexit.register(fleet.close)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    # Ctrl-C stops the run even where SIGINT was inherited as ignored (background jobs).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("bench: wrk not found; run: bash scripts/install-bench-tools.sh", file=sys.stderr)
+        return 2
+    out_path = Path(opts.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    logs = out_path.parent / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
+    started = time.time()
+    result: dict[str, Any] = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "machine": machine(opts.loop),
+        "options": {
+            "quick": opts.quick,
+            "workers": opts.worker_counts,
+            "duration_s": opts.duration,
+            "fwd_duration_s": opts.fwd_duration,
+            "rounds": opts.rounds,
+            "connections": opts.connections,
+            "fwd_connections": opts.fwd_connections,
+            "gateway_log_level": opts.log_level,
+            "loop": opts.loop,
+            "command": " ".join([Path(sys.executable).name, "bench/run.py", *(argv or sys.argv[1:])]),
+        },
+        "targets": TARGETS,
+    }
+    with fleet_context(logs) as fleet, tempfile.TemporaryDirectory(prefix="mcp-bench-") as tmp:
+        workdir = Path(tmp)
+        up_port = free_port()
+        log("starting the SDK upstream (25 tools)")
+        up = fleet.start("upstream", [PY, str(BENCH / "upstream_25_tools.py"), str(up_port)])
+        wait_ready(fleet, "upstream", up, lambda: fetch(up_port, "GET", "/_counts")[0] == 200)
+        bodies: dict[str, Path] = {}
+        for method in ("tools/list", "server/discover"):
+            status, headers, body = mcp_call(up_port, "/mcp", method, 1)
+            if status != 200 or not headers.get("content-type", "").startswith("application/json"):
+                raise RuntimeError(f"upstream {method}: HTTP {status} {headers}")
+            bodies[method] = workdir / f"{method.replace('/', '_')}.json"
+            bodies[method].write_bytes(body)
+        result["upstream"] = {
+            "tools": len(json.loads(bodies["tools/list"].read_bytes())["result"]["tools"]),
+            "tools_list_bytes": bodies["tools/list"].stat().st_size,
+            "server_discover_bytes": bodies["server/discover"].stat().st_size,
+        }
+        result["workers"] = []
+        for n in opts.worker_counts:
+            result["workers"].append(bench_workers(fleet, workdir, n, up_port, bodies, opts))
+        if not opts.no_memory:
+            log(f"memory: storing {opts.memory_entries} entries of ~4 KB")
+            result["memory"] = memory(fleet, workdir, opts.memory_entries, opts)
+    result["seconds"] = round(time.time() - started, 1)
+    result["verdicts"] = verdicts(result)
+    result["table"] = tables(result)
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table"])
+    print()
+    print(f"verdicts: {json.dumps(result['verdicts'])}")
+    print(f"written: {out_path} ({result['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("bench: interrupted; every process it started is stopped", file=sys.stderr)
+        sys.exit(130)
