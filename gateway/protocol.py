@@ -372,7 +372,10 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
             "Invalid params: protocolVersion must be a string and clientCapabilities an object",
             request_id=request_id,
         )
-    for name in _MIRRORED_HEADERS:
+    name_field = NAME_FIELD.get(method)
+    # Only one value of a checked header can be compared with the body (Mcp-Name is checked
+    # on tools/call, prompts/get and resources/read only).
+    for name in _MIRRORED_HEADERS if name_field is not None else _MIRRORED_HEADERS[:2]:
         if len(set(headers.getall(name, ()))) > 1:
             raise HeaderMismatch(f"Header mismatch: {name} sent with different values", request_id=request_id)
     if header_version != body_version:
@@ -382,7 +385,6 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
         )
     if headers.get("Mcp-Method") != method:
         raise HeaderMismatch("Header mismatch: Mcp-Method header must equal method", request_id=request_id)
-    name_field = NAME_FIELD.get(method)
     if name_field is not None:
         raw = headers.get("Mcp-Name")
         decoded = decode_header_value(raw) if raw is not None else None
