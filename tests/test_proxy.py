@@ -624,3 +624,44 @@ async def test_shutdown_ends_relayed_streams_with_an_error_event(make_env: Any) 
     rest = await asyncio.wait_for(resp.content.read(), 5)
     last = orjson.loads(rest.strip().split(b"data: ")[-1])
     assert last["id"] == 12 and last["error"]["code"] == -32603
+
+
+async def test_listen_stream_with_keepalives_outlives_the_idle_and_total_timeouts(make_env: Any) -> None:
+    env = await make_env({"stream_idle_timeout_s": 0.3, "timeout_s": 0.3})
+
+    async def keepalive(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for _ in range(10):  # 1 s in all: over three idle timeouts, but never 0.3 s of silence
+            await resp.write(b": keep-alive\n\n")
+            await asyncio.sleep(0.1)
+        await resp.write(sse({"jsonrpc": "2.0", "id": msg["id"], "result": {"resultType": "complete"}}))
+        return resp
+
+    env.upstream.handlers["subscriptions/listen"] = keepalive
+    resp = await env.post(rpc("subscriptions/listen", id_=3, notifications={"toolsListChanged": True}))
+    text = await asyncio.wait_for(resp.text(), 10)
+    assert text.count(": keep-alive") == 10
+    assert orjson.loads(text.strip().split("data: ")[-1]) == {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "result": {"resultType": "complete"},
+    }
+
+
+async def test_silent_stream_is_closed_after_the_idle_timeout_with_an_error(make_env: Any) -> None:
+    env = await make_env({"stream_idle_timeout_s": 0.3})
+
+    async def silent(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b": first and last\n\n")
+        await asyncio.sleep(30)
+        return resp
+
+    env.upstream.handlers["subscriptions/listen"] = silent
+    resp = await env.post(rpc("subscriptions/listen", id_=4, notifications={"toolsListChanged": True}))
+    text = await asyncio.wait_for(resp.text(), 5)
+    last = orjson.loads(text.strip().split("data: ")[-1])
+    assert last["id"] == 4 and last["error"]["code"] == -32603
+    await asyncio.wait_for(env.upstream.cancelled.wait(), 5)  # the upstream request was closed too
