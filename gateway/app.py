@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from .auth import bearer_matches
 from .cache import Clock, MemoryStore
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
@@ -134,8 +134,7 @@ async def _purge(request: web.Request) -> web.Response:
     """
     config = request.app[CONFIG]
     assert config.admin is not None
-    presented = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(presented.encode(), f"Bearer {config.admin.token}".encode()):
+    if not bearer_matches(request.headers.get("Authorization"), (config.admin.token.encode(),)):
         return web.json_response(
             {"error": "admin token required"},
             status=401,

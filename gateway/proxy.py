@@ -10,7 +10,6 @@ for byte; responses stream back as they arrive. Every response carries an RFC 92
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from .accesslog import ACCESS_LOGGER, direct_handler
+from .auth import bearer_matches
 from .cache import STORED, CacheEntry, CacheKey, CacheStore, Clock, Coalescer, build_entry, make_key, store_outcome
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
@@ -340,13 +340,7 @@ class Proxy:
     def _check_auth(self, request: web.Request, request_id: object) -> None:
         if not self._tokens:
             return
-        header = request.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
-        candidate = presented.strip().encode() if scheme.lower() == "bearer" else b""
-        ok = False
-        for token in self._tokens:  # no early exit: constant time over the configured set
-            ok |= hmac.compare_digest(candidate, token)
-        if not ok:
+        if not bearer_matches(request.headers.get("Authorization"), self._tokens):
             raise Unauthorized(
                 "Unauthorized: a valid bearer token is required",
                 request_id=request_id,

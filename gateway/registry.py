@@ -23,7 +23,6 @@ carry anything from a client's request: no caller's ``Authorization`` can reach 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import logging
 import re
@@ -39,6 +38,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from .auth import bearer_matches
 from .cache import CacheKey, CacheStore, Clock
 from .config import GatewayConfig, RegistryConfig
 from .metrics import GatewayMetrics
@@ -1175,12 +1175,7 @@ class RegistryViews:
     def _denied(self, request: web.Request) -> web.Response | None:
         if not self._tokens:
             return None
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        candidate = presented.strip().encode() if scheme.lower() == "bearer" else b""
-        ok = False
-        for token in self._tokens:  # no early exit: constant time over the configured set
-            ok |= hmac.compare_digest(candidate, token)
-        if ok:
+        if bearer_matches(request.headers.get("Authorization"), self._tokens):
             return None
         return _json(
             {"error": "a valid bearer token is required"}, 401, {"WWW-Authenticate": 'Bearer realm="mcp-gateway"'}

@@ -1,0 +1,20 @@
+"""Bearer-token checks for the gateway's own callers (README "Caller authentication")."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+__all__ = ["bearer_matches"]
+
+
+def bearer_matches(authorization: str | None, tokens: Sequence[bytes]) -> bool:
+    """Whether an ``Authorization`` header value (``Bearer <token>``, RFC 6750 §2.1) carries
+    one of ``tokens``. Every token is compared, each in constant time (``hmac.compare_digest``),
+    so the time taken does not tell which one came close."""
+    scheme, _, presented = (authorization or "").partition(" ")
+    candidate = presented.strip().encode() if scheme.lower() == "bearer" else b""
+    ok = False
+    for token in tokens:  # no early exit
+        ok |= hmac.compare_digest(candidate, token)
+    return ok
