@@ -378,6 +378,15 @@ def sse(msg: object) -> bytes:
     return b"event: message\r\ndata: " + orjson.dumps(msg) + b"\r\n\r\n"
 
 
+async def ping_then_hang(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+    """An upstream SSE answer that sends one keep-alive, then stays open (bounded at 30 s)."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(b": ping\n\n")
+    await asyncio.sleep(30)
+    return resp
+
+
 async def test_sse_is_relayed_event_by_event_without_buffering(make_env: Any) -> None:
     env = await make_env()
     release = asyncio.Event()
@@ -445,14 +454,7 @@ async def test_cut_stream_ends_cleanly_with_an_error_and_stores_nothing(make_env
 async def test_client_disconnect_closes_the_upstream_request(make_env: Any) -> None:
     env = await make_env()
 
-    async def forever(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b": ping\n\n")
-        await asyncio.sleep(30)
-        return resp
-
-    env.upstream.handlers["subscriptions/listen"] = forever
+    env.upstream.handlers["subscriptions/listen"] = ping_then_hang
     resp = await env.post(rpc("subscriptions/listen", notifications={"toolsListChanged": True}))
     await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
     resp.close()
@@ -610,14 +612,7 @@ async def test_callers_without_a_token_cannot_probe_upstream_names(make_env: Any
 async def test_shutdown_ends_relayed_streams_with_an_error_event(make_env: Any) -> None:
     env = await make_env()
 
-    async def forever(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b": ping\n\n")
-        await asyncio.sleep(30)
-        return resp
-
-    env.upstream.handlers["subscriptions/listen"] = forever
+    env.upstream.handlers["subscriptions/listen"] = ping_then_hang
     resp = await env.post(rpc("subscriptions/listen", id_=12, notifications={"toolsListChanged": True}))
     await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 5)
     await env.app.shutdown()  # what the runner does first on SIGTERM
