@@ -71,6 +71,23 @@ TARGETS = {
 # -- child processes ----------------------------------------------------------------------
 
 
+def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that restricts the child to ``cpus`` (``None``: no restriction)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def cpu_plan(workers: int, pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(CPUs for the servers under test, CPUs for wrk). With one worker and at least two
+    CPUs, the floor and the gateway get CPU 0 and wrk the others, so the load generator
+    never competes with the server it measures (both servers are treated alike)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or workers != 1 or len(cpus) < 2:
+        return None, None
+    return {cpus[0]}, set(cpus[1:])
+
+
 @dataclass
 class Fleet:
     """Every child process this run started, each in its own process group."""
@@ -78,7 +95,10 @@ class Fleet:
     logs: Path
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, cpus: set[int] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` logging to ``<logs>/<name>.log``; ``cpus``: the CPUs it may run on."""
         log = open(self.logs / f"{name}.log", "ab")
         proc = subprocess.Popen(
             argv,
@@ -88,6 +108,7 @@ class Fleet:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its own group: workers it forks are stopped with it
+            preexec_fn=pinned(cpus),
         )
         log.close()
         self.procs.append((name, proc))
@@ -223,6 +244,7 @@ def wrk(
     name: str | None = None,
     args: dict[str, Any] | None = None,
     server: subprocess.Popen[bytes] | None = None,
+    cpus: set[int] | None = None,
 ) -> dict[str, Any]:
     """One wrk run (1 thread); requests/s and latency percentiles in ms, and with ``server``
     the CPU time its process group (all its workers) spent per request, in microseconds."""
@@ -240,6 +262,7 @@ def wrk(
         stdin=subprocess.DEVNULL,
         env={**os.environ, **env},
         start_new_session=True,
+        preexec_fn=pinned(cpus),
     )
     fleet.procs.append(("wrk", proc))
     try:
@@ -455,12 +478,13 @@ def bench_workers(
     floor_port, gw_port, off_port = free_port(), free_port(), free_port()
     floor_argv = [PY, str(BENCH / "floor.py"), "--port", str(floor_port), "--workers", str(n), "--loop", opts.loop]
     floor_argv += ["--body", str(bodies["tools/list"])] + [f"--body={m}={p}" for m, p in bodies.items()]
-    floor = fleet.start(f"floor-{n}", floor_argv)
+    server_cpus, opts.wrk_cpus = cpu_plan(n, opts.pin)
+    floor = fleet.start(f"floor-{n}", floor_argv, cpus=server_cpus)
     on_cfg, off_cfg = workdir / f"gateway-{n}.toml", workdir / f"gateway-{n}-off.toml"
     write_gateway_config(on_cfg, gw_port, up_port, caching=True)
     write_gateway_config(off_cfg, off_port, up_port, caching=False)
-    gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop))
-    off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop))
+    gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop), cpus=server_cpus)
+    off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop), cpus=server_cpus)
     wait_ready(fleet, f"floor-{n}", floor, lambda: fetch(floor_port, "POST", "/", b"{}")[0] == 200)
     for name, proc, port in ((f"gateway-{n}", gw, gw_port), (f"gateway-{n}-off", off, off_port)):
         wait_ready(fleet, name, proc, lambda port=port: fetch(port, "GET", "/readyz")[0] == 200)
@@ -468,7 +492,10 @@ def bench_workers(
     path = "/servers/workspace/mcp"
     gw_url, off_url = f"http://{HOST}:{gw_port}{path}", f"http://{HOST}:{off_port}{path}"
     floor_url, direct_url = f"http://{HOST}:{floor_port}{path}", f"http://{HOST}:{up_port}/mcp"
-    out: dict[str, Any] = {"workers": n}
+    out: dict[str, Any] = {
+        "workers": n,
+        "cpus": {"servers": sorted(server_cpus or ()), "wrk": sorted(opts.wrk_cpus or ())} if server_cpus else None,
+    }
 
     if "burst" in opts.parts:
         log(f"[workers={n}] cold burst: 200 concurrent tools/list on an empty cache")
@@ -507,7 +534,15 @@ def cached_runs(
             for target, (url, server) in (("floor", floor), ("gateway", gateway)):
                 log(f"[workers={n}] cached {method}: {target} (round {r + 1}/{opts.rounds})")
                 runs.setdefault((method, target), []).append(
-                    wrk(fleet, url, method, connections=opts.connections, duration=opts.duration, server=server)
+                    wrk(
+                        fleet,
+                        url,
+                        method,
+                        connections=opts.connections,
+                        duration=opts.duration,
+                        server=server,
+                        cpus=opts.wrk_cpus,
+                    )
                 )
     upstream_during = upstream_counts(up_port) - before
     for method in ("tools/list", "server/discover"):
@@ -560,6 +595,7 @@ def forwarding_runs(
                         duration=opts.fwd_duration,
                         name=extra.get("name"),
                         args=extra.get("args"),
+                        cpus=opts.wrk_cpus,
                     )
                 )
         for name, target_runs in runs.items():
@@ -617,6 +653,13 @@ def tables(result: dict[str, Any]) -> str:
     lines.append(
         f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count)"
     )
+    pins = [
+        f"{w['workers']} worker: servers on CPU {w['cpus']['servers']}, wrk on CPU {w['cpus']['wrk']}"
+        for w in result["workers"]
+        if w.get("cpus")
+    ]
+    if pins:
+        lines.append("Pinned: " + "; ".join(pins))
     lines.append("")
     lines.append(
         "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms | ratio "
@@ -743,6 +786,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         choices=("auto", "uvloop", "asyncio"),
         help="event loop of the gateway and the floor alike (default auto: uvloop when installed)",
+    )
+    p.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="with 1 worker, do not run the floor and gateway on CPU 0 and wrk on the other CPUs",
     )
     p.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
     opts = p.parse_args(argv)

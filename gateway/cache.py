@@ -80,22 +80,28 @@ def make_key(
     assert request.method is not None and request.version is not None and request.params is not None
     params = request.params
     meta = params.get("_meta")
-    if params.keys() <= _META_ONLY:
+    if len(params) == 1 and meta is not None:
         rest = _NO_PARAMS  # the usual list request: nothing but _meta
     else:
         # A copy: orjson's output holds a ~4 KB buffer whatever its length, and the keys of
         # stored entries live as long as the entries.
         rest = memoryview(canonical_json({k: v for k, v in params.items() if k != "_meta"})).tobytes()
     caps: bytes | None = None
-    if vary_on_capabilities and isinstance(meta, dict):
-        caps_json = canonical_json(meta.get(CLIENT_CAPABILITIES_KEY))
-        caps = _DIGESTS.get(caps_json)
-        if caps is None:
-            caps = _digest(caps_json)
+    if vary_on_capabilities and type(meta) is dict:
+        client_caps = meta.get(CLIENT_CAPABILITIES_KEY)
+        if client_caps == {}:
+            caps = _EMPTY_CAPS  # the commonest set: no canonical JSON to write
+        else:
+            caps_json = canonical_json(client_caps)
+            caps = _DIGESTS.get(caps_json)
+            if caps is None:
+                caps = _digest(caps_json)
     auth = None if authorization is None else hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).digest()
-    return CacheKey(upstream, request.method, rest, request.version, caps, auth)
+    # tuple.__new__ skips the NamedTuple's Python-level __new__ (one is built per request).
+    return _new_tuple(CacheKey, (upstream, request.method, rest, request.version, caps, auth))
 
 
+_new_tuple: Final = tuple.__new__
 _META_ONLY: Final = frozenset({"_meta"})
 _NO_PARAMS: Final = canonical_json({})
 
@@ -104,6 +110,7 @@ _NO_PARAMS: Final = canonical_json({})
 #: over and over): a bounded memo, emptied when full, that changes no behaviour.
 _DIGESTS: dict[bytes, bytes] = {}
 _DIGESTS_MAX: Final = 1024
+_EMPTY_CAPS: Final = hashlib.sha256(canonical_json({})).digest()
 
 
 def _digest(caps_json: bytes) -> bytes:
@@ -170,6 +177,13 @@ class CacheEntry:
     def response(self, id_json: bytes, now: float) -> bytes:
         """The JSON-RPC response for a caller whose id serialises to ``id_json``."""
         return self.render(id_json, self.remaining_ms(now))
+
+    def hit(self, id_json: bytes, now: float) -> tuple[bytes, int]:
+        """The response for a cache hit at ``now`` and the ``ttlMs`` it carries (what is left)."""
+        ttl_ms = int((self.expires_at - now) * 1000)
+        if ttl_ms < 0:
+            ttl_ms = 0
+        return b"".join((_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail)), ttl_ms
 
     def render(self, id_json: bytes, ttl_ms: int) -> bytes:
         """The JSON-RPC response with id ``id_json`` and ``ttlMs`` ``ttl_ms`` (one copy of the result)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import orjson
-from multidict import MultiMapping
+from multidict import MultiMapping, istr
 
 __all__ = [
     "CACHEABLE_METHODS",
@@ -39,6 +39,7 @@ __all__ = [
     "decode_header_value",
     "dumps",
     "error_body",
+    "id_json",
     "loads",
     "method_label",
     "parse_request",
@@ -99,8 +100,12 @@ MRTR_PARAMS: Final = ("inputResponses", "requestState")
 
 Era = Literal["modern", "legacy"]
 
-#: Headers mirroring the body (streamable-http "Request metadata headers").
-_MIRRORED_HEADERS: Final = ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name")
+
+#: Header names as ``istr``: a case-insensitive lookup with one skips folding the name.
+H_PROTOCOL_VERSION: Final = istr("MCP-Protocol-Version")
+H_METHOD: Final = istr("Mcp-Method")
+H_NAME: Final = istr("Mcp-Name")
+H_SESSION_ID: Final = istr("Mcp-Session-Id")
 
 _SENTINEL_PREFIX: Final = "=?base64?"
 _SENTINEL_SUFFIX: Final = "?="
@@ -240,6 +245,14 @@ def dumps(value: object, *, sort_keys: bool = False) -> bytes:
             raise ValueError("JSON nested too deeply") from exc
 
 
+def id_json(request_id: object) -> bytes:
+    """The JSON of a JSON-RPC id (a string or an integer; :func:`dumps` for big integers)."""
+    try:
+        return orjson.dumps(request_id)
+    except TypeError:
+        return dumps(request_id)
+
+
 def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
     """Serialise a JSON-RPC 2.0 error response; ``id`` is left out when ``None`` (basic/index)."""
     err: dict[str, object] = {"code": code, "message": message}
@@ -326,13 +339,15 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
         msg = loads(body)
     except ValueError as exc:
         raise ParseError("Parse error: body is not valid JSON") from exc
-    if isinstance(msg, list):
-        raise InvalidRequest("Invalid Request: JSON-RPC batches are not supported")
-    if not isinstance(msg, dict):
+    if type(msg) is not dict:
+        if isinstance(msg, list):
+            raise InvalidRequest("Invalid Request: JSON-RPC batches are not supported")
         raise InvalidRequest("Invalid Request: expected a JSON-RPC object")
-    has_id = "id" in msg
-    request_id = msg.get("id")
-    if has_id and not _is_valid_id(request_id):
+    request_id = msg.get("id", _NO_ID)
+    has_id = request_id is not _NO_ID
+    if not has_id:
+        request_id = None
+    elif not _is_valid_id(request_id):
         raise InvalidRequest("Invalid Request: id must be a string or an integer")
     if msg.get("jsonrpc") != "2.0":
         raise InvalidRequest('Invalid Request: jsonrpc must be "2.0"', request_id=request_id)
@@ -340,54 +355,60 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     params = msg.get("params")
     if method is None and has_id and ("result" in msg or "error" in msg):
         return ParsedRequest("response", request_id, None, "legacy", None, None, "legacy")
-    if not isinstance(method, str):
+    if type(method) is not str:
         raise InvalidRequest("Invalid Request: method must be a string", request_id=request_id)
     kind: Literal["request", "notification"] = "request" if has_id else "notification"
 
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    body_version = meta.get(PROTOCOL_VERSION_KEY) if isinstance(meta, dict) else None
-    header_version = headers.get("MCP-Protocol-Version")
-    if header_version is not None and len(set(headers.getall("MCP-Protocol-Version"))) > 1:
+    meta = params.get("_meta") if type(params) is dict else None
+    body_version = meta.get(PROTOCOL_VERSION_KEY) if type(meta) is dict else None
+    # Each metadata header is read once, all its values: one sent twice with different
+    # values is a mismatch (only one could be compared with the body).
+    versions = headers.getall(H_PROTOCOL_VERSION, ())
+    header_version = versions[0] if versions else None
+    if len(versions) > 1 and len(set(versions)) > 1:
         raise HeaderMismatch("Header mismatch: MCP-Protocol-Version sent with different values", request_id=request_id)
     if (
         method == "initialize"
-        or "Mcp-Session-Id" in headers
+        or H_SESSION_ID in headers
         or header_version in LEGACY_VERSIONS
         or (header_version is None and body_version is None)
     ):
         return ParsedRequest(kind, request_id, method, "legacy", header_version, params, "legacy")
-    if kind == "notification":
+    if not has_id:
         # Header rules for notification POSTs are left undefined by 2026-07-28 (§13.9).
         return ParsedRequest(kind, request_id, method, "modern", header_version, params, "notification")
     if header_version is None:
         raise HeaderMismatch("Header mismatch: MCP-Protocol-Version header is required", request_id=request_id)
 
-    if not isinstance(meta, dict) or not isinstance(params, dict):
+    if type(meta) is not dict or type(params) is not dict:
         raise InvalidParams("Invalid params: params._meta is required", request_id=request_id)
     if PROTOCOL_VERSION_KEY not in meta or CLIENT_CAPABILITIES_KEY not in meta:
         missing = [k for k in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if k not in meta]
         raise InvalidParams(f"Invalid params: params._meta is missing {', '.join(missing)}", request_id=request_id)
-    if not isinstance(body_version, str) or not isinstance(meta[CLIENT_CAPABILITIES_KEY], dict):
+    if type(body_version) is not str or type(meta[CLIENT_CAPABILITIES_KEY]) is not dict:
         raise InvalidParams(
             "Invalid params: protocolVersion must be a string and clientCapabilities an object",
             request_id=request_id,
         )
+    methods = headers.getall(H_METHOD, ())
+    if len(methods) > 1 and len(set(methods)) > 1:
+        raise HeaderMismatch("Header mismatch: Mcp-Method sent with different values", request_id=request_id)
     name_field = NAME_FIELD.get(method)
-    # Only one value of a checked header can be compared with the body (Mcp-Name is checked
-    # on tools/call, prompts/get and resources/read only).
-    for name in _MIRRORED_HEADERS if name_field is not None else _MIRRORED_HEADERS[:2]:
-        if len(set(headers.getall(name, ()))) > 1:
-            raise HeaderMismatch(f"Header mismatch: {name} sent with different values", request_id=request_id)
+    names: list[str] = []
+    if name_field is not None:
+        # Mcp-Name is checked on tools/call, prompts/get and resources/read only.
+        names = headers.getall(H_NAME, [])
+        if len(names) > 1 and len(set(names)) > 1:
+            raise HeaderMismatch("Header mismatch: Mcp-Name sent with different values", request_id=request_id)
     if header_version != body_version:
         raise HeaderMismatch(
             "Header mismatch: MCP-Protocol-Version header does not match _meta protocolVersion",
             request_id=request_id,
         )
-    if headers.get("Mcp-Method") != method:
+    if not methods or methods[0] != method:
         raise HeaderMismatch("Header mismatch: Mcp-Method header must equal method", request_id=request_id)
     if name_field is not None:
-        raw = headers.get("Mcp-Name")
-        decoded = decode_header_value(raw) if raw is not None else None
+        decoded = decode_header_value(names[0]) if names else None
         if decoded is None or decoded != params.get(name_field):
             raise HeaderMismatch(
                 f"Header mismatch: Mcp-Name header must equal params.{name_field}", request_id=request_id
@@ -398,9 +419,13 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
         bypass = "uncacheable"
     elif body_version not in MODERN_VERSIONS:
         bypass = "unknown-version"
-    elif not params.keys().isdisjoint(MRTR_PARAMS):
+    elif "inputResponses" in params or "requestState" in params:  # MRTR_PARAMS
         bypass = "input-responses"
     return ParsedRequest(kind, request_id, method, "modern", body_version, params, bypass)
+
+
+#: ``msg.get("id", _NO_ID)``: tells an absent id from ``"id": null`` in one lookup.
+_NO_ID: Final = object()
 
 
 class SSEParser:

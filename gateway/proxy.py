@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Final, Generic, Protocol, TypeVar
 
 import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
+from aiohttp import hdrs, web
+from multidict import CIMultiDict, istr
 
 from .accesslog import ACCESS_LOGGER, direct_handler
 from .auth import bearer_matches
@@ -26,13 +26,13 @@ from .cache import STORED, CacheEntry, CacheKey, CacheStore, Clock, Coalescer, b
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .protocol import (
+    KNOWN_METHODS,
     BadGateway,
     GatewayError,
     ParsedRequest,
     SSEParser,
-    dumps,
+    id_json,
     loads,
-    method_label,
     parse_request,
     response_id_matches,
 )
@@ -83,13 +83,16 @@ class Overloaded(GatewayError):
 class _Outcome:
     """What one MCP request ended as, for metrics and the access log.
 
-    ``cache_status`` is the ``Cache-Status`` value answered (or to answer); ``entry`` the
+    ``cache`` is the ``cache`` label of the duration histogram (hit, miss, bypass); ``lookup``
+    the cache lookup result (hit, miss, coalesced, bypass; ``None`` if the cache was not
+    asked); ``cache_status`` the ``Cache-Status`` value answered (or to answer); ``entry`` the
     cache entry stored from this request's upstream answer, if any.
     """
 
     upstream: str
     method: str = "other"
     cache: str = "bypass"
+    lookup: str | None = None
     error_code: int | None = None
     cache_status: str | None = None
     entry: CacheEntry | None = None
@@ -113,46 +116,15 @@ def _status(*params: str) -> str:
 
 
 _HIT: Final = _status("hit", "ttl=")
+_CACHE_STATUS: Final = istr("Cache-Status")
+#: Copied for each hit (cheaper than building the headers from a dict).
+_JSON_HEADERS: Final = CIMultiDict({"Content-Type": "application/json"})
 _INFO: Final = logging.INFO
 _Child = TypeVar("_Child")
 
 
 class _Incrementable(Protocol):
     def inc(self, amount: float = 1) -> None: ...
-
-
-class _Tally:
-    """Counter increments made during one event-loop iteration, applied when it ends.
-
-    Each prometheus ``inc()`` takes a lock and costs about as much as a cache hit's own
-    lookup; under load one iteration serves several requests, so their increments are
-    summed here and applied by one callback. It runs before the loop polls for the next
-    request, so a ``/metrics`` scrape always sees every answered request.
-    """
-
-    __slots__ = ("_counts", "_scheduled")
-
-    def __init__(self) -> None:
-        self._counts: dict[_Incrementable, int] = {}
-        self._scheduled = False
-
-    def inc(self, child: _Incrementable) -> None:
-        counts = self._counts
-        counts[child] = counts.get(child, 0) + 1
-        if not self._scheduled:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
-            self._scheduled = True
-            loop.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._scheduled = False
-        counts, self._counts = self._counts, {}
-        for child, count in counts.items():
-            child.inc(count)
 
 
 class _Children(dict[tuple[str, ...], _Child], Generic[_Child]):
@@ -166,6 +138,10 @@ class _Children(dict[tuple[str, ...], _Child], Generic[_Child]):
     def __missing__(self, key: tuple[str, ...]) -> _Child:
         child = self[key] = self._labels(*key)
         return child
+
+
+def _not_found(name: str, request_id: object) -> NotFound:
+    return NotFound(f"no upstream named {name!r} behind this gateway", request_id=request_id, data={"upstream": name})
 
 
 class Proxy:
@@ -189,13 +165,10 @@ class Proxy:
         self._origins = frozenset(config.listener.allowed_origins)
         self._vary = {name: config.vary_on_capabilities(name) for name in config.upstreams}
         self._caching = config.cache.max_entries > 0
-        self._requests = _Children(metrics.requests.labels)
-        self._durations = _Children(metrics.request_duration.labels)
-        self._lookups = _Children(metrics.cache_lookups.labels)
+        self._record = metrics.request_metrics.record
         self._stores = _Children(metrics.cache_stores.labels)
         self._upstream_durations = _Children(metrics.upstream_request_duration.labels)
         self._inflight = _Children(metrics.inflight.labels)
-        self._tally = _Tally()
         #: Called as ``on_success(upstream, protocol_version)`` after an upstream answered a
         #: modern request with a JSON-RPC result (the registry's "observed" versions).
         self.on_success: Callable[[str, str], None] | None = None
@@ -246,29 +219,36 @@ class Proxy:
 
     async def _post(self, request: web.Request, outcome: _Outcome) -> web.StreamResponse:
         # Authentication comes before the upstream lookup, so that callers without a token
-        # cannot tell configured upstream names from others.
-        self._check_origin(request)
+        # cannot tell configured upstream names from others. (The checks are inlined: this
+        # is every cache hit's path.)
+        headers = request.headers
+        origin = headers.get(hdrs.ORIGIN)
+        if origin is not None and origin not in self._origins:
+            raise Forbidden(f"origin {origin!r} is not allowed")
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
             raise PayloadTooLarge(f"request body exceeds {self.config.listener.max_body_bytes} bytes") from exc
         try:
-            parsed = parse_request(body, request.headers)
+            parsed = parse_request(body, headers)
         except GatewayError as err:
             self._check_auth(request, err.request_id)
             self._upstream(outcome.upstream, err.request_id)
             raise
-        outcome.method = method = method_label(parsed.method)
-        self._check_auth(request, parsed.request_id)
-        upstream = self._upstream(outcome.upstream, parsed.request_id)
+        method = parsed.method
+        outcome.method = method = method if method in KNOWN_METHODS else "other"
+        if self._tokens:
+            self._check_auth(request, parsed.request_id)
+        upstream = self.upstreams.get(outcome.upstream)
+        if upstream is None:
+            raise _not_found(outcome.upstream, parsed.request_id)
 
         name = upstream.name
         bypass = parsed.cache_bypass
         if bypass is None and not self._caching:
             bypass = "disabled"  # max_entries = 0: nothing is looked up, stored or coalesced
         if bypass is not None:
-            outcome.cache = "bypass"
-            self._tally.inc(self._lookups[name, method, "bypass"])
+            outcome.cache = outcome.lookup = "bypass"
             status = _status("fwd=bypass", f"detail={bypass}")
             return await self._forward(request, upstream, body, parsed, None, status, outcome)
 
@@ -278,9 +258,7 @@ class Proxy:
                 parsed,
                 vary_on_capabilities=self._vary[name],
                 # "" for no header: a caller without credentials is a context of its own.
-                authorization=request.headers.get("Authorization", "")
-                if upstream.config.forward_authorization
-                else None,
+                authorization=headers.get(hdrs.AUTHORIZATION, "") if upstream.config.forward_authorization else None,
             )
         except ValueError:
             status = _status("fwd=bypass", "detail=uncacheable")
@@ -294,11 +272,9 @@ class Proxy:
             if entry is not None:
                 return self._hit(parsed, entry, outcome, collapsed=True)
             # Not storable (private, error, ...): this caller's answer is its own.
-            outcome.cache = "miss"
-            self._tally.inc(self._lookups[name, method, "miss"])
+            outcome.cache = outcome.lookup = "miss"
             return await self._forward(request, upstream, body, parsed, key, _status("fwd=miss"), outcome)
-        outcome.cache = "miss"
-        self._tally.inc(self._lookups[name, method, "miss"])
+        outcome.cache = outcome.lookup = "miss"
         try:
             return await self._forward(request, upstream, body, parsed, key, _status("fwd=miss"), outcome)
         finally:
@@ -307,21 +283,20 @@ class Proxy:
     def _hit(self, parsed: ParsedRequest, entry: CacheEntry, outcome: _Outcome, *, collapsed: bool) -> web.Response:
         """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left."""
         outcome.cache = "hit"
-        self._tally.inc(self._lookups[outcome.upstream, outcome.method, "coalesced" if collapsed else "hit"])
-        ttl_ms = entry.remaining_ms(self.clock())
+        outcome.lookup = "coalesced" if collapsed else "hit"
+        body, ttl_ms = entry.hit(id_json(parsed.request_id), self.clock())
         status = f"{_HIT}{ttl_ms // 1000}; collapsed" if collapsed else f"{_HIT}{ttl_ms // 1000}"
         outcome.cache_status = status
-        body = entry.render(dumps(parsed.request_id), ttl_ms)
-        return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": status})
+        headers = _JSON_HEADERS.copy()
+        headers[_CACHE_STATUS] = status
+        return web.Response(body=body, headers=headers)
 
     # -- checks -------------------------------------------------------------------------
 
     def _upstream(self, name: str, request_id: object = None) -> Upstream:
         upstream = self.upstreams.get(name)
         if upstream is None:
-            raise NotFound(
-                f"no upstream named {name!r} behind this gateway", request_id=request_id, data={"upstream": name}
-            )
+            raise _not_found(name, request_id)
         return upstream
 
     async def close_streams(self) -> None:
@@ -340,7 +315,7 @@ class Proxy:
     def _check_auth(self, request: web.Request, request_id: object) -> None:
         if not self._tokens:
             return
-        if not bearer_matches(request.headers.get("Authorization"), self._tokens):
+        if not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), self._tokens):
             raise Unauthorized(
                 "Unauthorized: a valid bearer token is required",
                 request_id=request_id,
@@ -556,9 +531,25 @@ class Proxy:
         status = response.status if response is not None else 499
         upstream = outcome.upstream if outcome.upstream in self.upstreams else "unknown"
         method = outcome.method
-        self._tally.inc(self._requests[upstream, method, str(status)])
-        self._durations[upstream, method, outcome.cache].observe(elapsed)
+        self._record(upstream, method, status, outcome.cache, outcome.lookup, elapsed)
         if access_log.isEnabledFor(_INFO):
+            handler = direct_handler(access_log)
+            if handler is not None:
+                # In REQUEST_FIELDS order; the handler formats the line later, in a batch.
+                handler.write_request(
+                    time.time(),
+                    (
+                        upstream,
+                        method,
+                        request.method,
+                        status,
+                        outcome.error_code,
+                        outcome.cache,
+                        outcome.cache_status,
+                        elapsed,
+                    ),
+                )
+                return
             fields = {
                 "upstream": upstream,
                 "method": method,
@@ -569,8 +560,4 @@ class Proxy:
                 "cache_status": outcome.cache_status,
                 "duration_ms": round(elapsed * 1000, 3),
             }
-            handler = direct_handler(access_log)
-            if handler is not None:
-                handler.write(fields)
-            else:
-                access_log.info("request", extra=fields)
+            access_log.info("request", extra=fields)

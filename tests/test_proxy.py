@@ -7,6 +7,9 @@ redirects, cut streams, wrong ids. Real SDK servers are exercised in test_e2e.py
 from __future__ import annotations
 
 import asyncio
+import io
+import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -16,6 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gateway.accesslog import ACCESS_LOGGER, AccessLogHandler
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
 from gateway.protocol import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
@@ -660,3 +664,30 @@ async def test_silent_stream_is_closed_after_the_idle_timeout_with_an_error(make
     last = orjson.loads(text.strip().split("data: ")[-1])
     assert last["id"] == 4 and last["error"]["code"] == -32603
     await asyncio.wait_for(env.upstream.cancelled.wait(), 5)  # the upstream request was closed too
+
+
+async def test_access_log_has_one_line_per_request_with_its_outcome(make_env: Any) -> None:
+    env = await make_env()
+    out = io.StringIO()
+    logger = logging.getLogger(ACCESS_LOGGER)
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    logger.handlers[:] = [AccessLogHandler(out)]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        await env.post(rpc("tools/list", id_=1))
+        await env.post(rpc("tools/list", id_=2))
+        await env.post(rpc("tools/list", id_=3), name="nope")
+        logger.handlers[0].flush()
+    finally:
+        logger.handlers[:], logger.propagate = saved[0], saved[1]
+        logger.setLevel(saved[2])
+    lines = [json.loads(line) for line in out.getvalue().split("\n") if line]
+    assert [(x["upstream"], x["method"], x["status"], x["cache"]) for x in lines] == [
+        ("up", "tools/list", 200, "miss"),
+        ("up", "tools/list", 200, "hit"),
+        ("unknown", "tools/list", 404, "bypass"),
+    ]
+    assert lines[1]["cache_status"].startswith("mcp-gateway; hit; ttl=")
+    assert lines[2]["jsonrpc_error"] == -32601 and all(x["http_method"] == "POST" for x in lines)
+    assert all(isinstance(x["duration_ms"], float) and x["duration_ms"] >= 0 for x in lines)
