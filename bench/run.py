@@ -78,10 +78,24 @@ def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, cpus)
 
 
+def set_group_affinity(pgid: int, cpus: set[int]) -> None:
+    """Restrict every live process of process group ``pgid`` (a server and its workers) to ``cpus``."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                os.sched_setaffinity(int(entry.name), cpus)
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+
+
 def cpu_plan(workers: int, pin: bool) -> tuple[set[int] | None, set[int] | None]:
-    """(CPUs for the servers under test, CPUs for wrk). With one worker and at least two
-    CPUs, the floor and the gateway get CPU 0 and wrk the others, so the load generator
-    never competes with the server it measures (both servers are treated alike)."""
+    """(CPUs for the servers under test, CPUs for wrk) during the cached runs. With one worker
+    and at least two CPUs, the floor and the gateway get CPU 0 and wrk the others, so the
+    load generator never competes with the server it measures (both servers alike). The
+    forwarding runs are not pinned: there the upstream needs a CPU too."""
     cpus = sorted(os.sched_getaffinity(0))
     if not pin or workers != 1 or len(cpus) < 2:
         return None, None
@@ -95,10 +109,7 @@ class Fleet:
     logs: Path
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
-    def start(
-        self, name: str, argv: list[str], env: dict[str, str] | None = None, cpus: set[int] | None = None
-    ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` logging to ``<logs>/<name>.log``; ``cpus``: the CPUs it may run on."""
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{name}.log", "ab")
         proc = subprocess.Popen(
             argv,
@@ -108,7 +119,6 @@ class Fleet:
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its own group: workers it forks are stopped with it
-            preexec_fn=pinned(cpus),
         )
         log.close()
         self.procs.append((name, proc))
@@ -478,13 +488,13 @@ def bench_workers(
     floor_port, gw_port, off_port = free_port(), free_port(), free_port()
     floor_argv = [PY, str(BENCH / "floor.py"), "--port", str(floor_port), "--workers", str(n), "--loop", opts.loop]
     floor_argv += ["--body", str(bodies["tools/list"])] + [f"--body={m}={p}" for m, p in bodies.items()]
-    server_cpus, opts.wrk_cpus = cpu_plan(n, opts.pin)
-    floor = fleet.start(f"floor-{n}", floor_argv, cpus=server_cpus)
+    server_cpus, wrk_cpus = cpu_plan(n, opts.pin)
+    floor = fleet.start(f"floor-{n}", floor_argv)
     on_cfg, off_cfg = workdir / f"gateway-{n}.toml", workdir / f"gateway-{n}-off.toml"
     write_gateway_config(on_cfg, gw_port, up_port, caching=True)
     write_gateway_config(off_cfg, off_port, up_port, caching=False)
-    gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop), cpus=server_cpus)
-    off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop), cpus=server_cpus)
+    gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop))
+    off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop))
     wait_ready(fleet, f"floor-{n}", floor, lambda: fetch(floor_port, "POST", "/", b"{}")[0] == 200)
     for name, proc, port in ((f"gateway-{n}", gw, gw_port), (f"gateway-{n}-off", off, off_port)):
         wait_ready(fleet, name, proc, lambda port=port: fetch(port, "GET", "/readyz")[0] == 200)
@@ -494,14 +504,24 @@ def bench_workers(
     floor_url, direct_url = f"http://{HOST}:{floor_port}{path}", f"http://{HOST}:{up_port}/mcp"
     out: dict[str, Any] = {
         "workers": n,
-        "cpus": {"servers": sorted(server_cpus or ()), "wrk": sorted(opts.wrk_cpus or ())} if server_cpus else None,
+        # Only for the cached runs: when forwarding, the upstream needs a CPU as well.
+        "cpus": {"servers": sorted(server_cpus), "wrk": sorted(wrk_cpus or ())} if server_cpus else None,
     }
 
     if "burst" in opts.parts:
         log(f"[workers={n}] cold burst: 200 concurrent tools/list on an empty cache")
         out["cold_burst"] = cold_burst(gw_port, up_port)
     if "cached" in opts.parts:
-        out["cached"] = cached_runs(fleet, n, gw_port, up_port, (floor_url, floor), (gw_url, gw), bodies, opts)
+        every_cpu = os.sched_getaffinity(0)
+        for proc in (floor, gw):
+            set_group_affinity(proc.pid, server_cpus or every_cpu)
+        opts.wrk_cpus = wrk_cpus
+        try:
+            out["cached"] = cached_runs(fleet, n, gw_port, up_port, (floor_url, floor), (gw_url, gw), bodies, opts)
+        finally:
+            for proc in (floor, gw):
+                set_group_affinity(proc.pid, every_cpu)
+            opts.wrk_cpus = None
     if "forwarding" in opts.parts:
         out["forwarding"] = forwarding_runs(fleet, n, direct_url, gw_url, off_url, opts)
     for proc in (floor, gw, off):
@@ -796,6 +816,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
     opts = p.parse_args(argv)
     opts.worker_counts = [int(x) for x in opts.workers.split(",") if x.strip()]
+    opts.wrk_cpus = None
     opts.parts = {x.strip() for x in opts.only.split(",") if x.strip()}
     opts.duration = opts.duration or (2.0 if opts.quick else 3.0)
     opts.fwd_duration = opts.fwd_duration or 2.0
