@@ -176,10 +176,11 @@ class CacheEntry:
 
     def response(self, id_json: bytes, now: float) -> bytes:
         """The JSON-RPC response for a caller whose id serialises to ``id_json``."""
-        return self.render(id_json, self.remaining_ms(now))
+        return self.hit(id_json, now)[0]
 
     def hit(self, id_json: bytes, now: float) -> tuple[bytes, int]:
-        """The response for a cache hit at ``now`` and the ``ttlMs`` it carries (what is left)."""
+        """The response for a cache hit at ``now`` and the ``ttlMs`` it carries (what is left,
+        as :meth:`remaining_ms`; inlined, this is every hit's path)."""
         ttl_ms = int((self.expires_at - now) * 1000)
         if ttl_ms < 0:
             ttl_ms = 0
