@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import select
@@ -76,8 +77,10 @@ class AccessLogHandler(logging.Handler):
 
     The keys are those of the gateway's JSON log format (``asctime`` as ``logging`` prints
     it, local time with milliseconds). Lines are queued and written ``FLUSH_DELAY_S`` after
-    the first of them, or as soon as ``FLUSH_BYTES`` are queued, in ``write(2)`` calls of
-    at most ``PIPE_BUF`` bytes that end on a line boundary; outside an event loop, at once.
+    the first of them, or as soon as ``FLUSH_LINES`` are queued; outside an event loop, at
+    once. To a regular file a batch is one ``write(2)``; to anything else (a pipe, a socket
+    such as journald's) in writes of at most ``PIPE_BUF`` bytes that end on a line boundary,
+    so that the lines of several workers sharing it never interleave.
     ``flush``/``close`` (and so ``logging.shutdown`` at exit) write what is queued.
     """
 
@@ -119,9 +122,9 @@ class AccessLogHandler(logging.Handler):
             return
         pending, self._pending = self._pending, []
         fmt = self._format
-        lines = [item if isinstance(item, bytes) else fmt(item) for item in pending]
-        lines.append(b"")
         try:
+            lines = [item if isinstance(item, bytes) else fmt(item) for item in pending]
+            lines.append(b"")
             self._write(b"\n".join(lines))
         except Exception:  # a log line is never worth a failed request
             with contextlib.suppress(Exception):
@@ -150,22 +153,30 @@ class AccessLogHandler(logging.Handler):
     def _format(self, item: tuple[float, tuple[Any, ...]]) -> bytes:
         created, values = item
         upstream, method, http_method, status, error, cache, cache_status, seconds = values
-        text = self._json_text
-        # Every value as JSON text; the same line orjson.dumps would write for the dict.
-        return (
-            _REQUEST_LINE
-            % (
-                self._asctime(created),
-                text[upstream],
-                text[method],
-                text[http_method],
-                status,
-                "null" if error is None else error,
-                text[cache],
-                "null" if cache_status is None else text[cache_status],
-                repr(round(seconds * 1000, 3)),
-            )
-        ).encode()
+        if type(status) is int and (error is None or type(error) is int) and type(seconds) is float:
+            text = self._json_text
+            # Every value as JSON text: the line orjson.dumps writes for the same dict.
+            return (
+                _REQUEST_LINE
+                % (
+                    self._asctime(created),
+                    text[upstream],
+                    text[method],
+                    text[http_method],
+                    status,
+                    "null" if error is None else error,
+                    text[cache],
+                    "null" if cache_status is None else text[cache_status],
+                    repr(round(seconds * 1000, 3)),
+                )
+            ).encode()
+        # Values of other types (the proxy passes none): a valid line all the same.
+        line = self._head(created) | dict(zip(REQUEST_FIELDS, values, strict=True))
+        line["duration_ms"] = round(seconds * 1000, 3) if isinstance(seconds, (int, float)) else seconds
+        try:
+            return orjson.dumps(line, default=str)
+        except TypeError:  # integers beyond 64 bits
+            return json.dumps(line, default=str, separators=(",", ":"), ensure_ascii=False).encode()
 
     def _write(self, data: bytes) -> None:
         try:
@@ -176,13 +187,14 @@ class AccessLogHandler(logging.Handler):
             return
         self.stream.flush()  # whatever other writers left in the stream's buffer goes first
         view = memoryview(data)
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
             while view:
                 view = view[os.write(fd, view) :]
             return
-        # A pipe: writes up to PIPE_BUF are atomic, so the lines of several worker processes
-        # sharing it never interleave. Cut at the last line end within each PIPE_BUF (a
-        # longer line goes alone, whole).
+        # A pipe or a socket (journald): writes up to PIPE_BUF are atomic on a pipe and in
+        # practice on a local stream socket, so the lines of several worker processes sharing
+        # it never interleave. Cut at the last line end within each PIPE_BUF (a longer line
+        # goes alone, whole).
         start, size = 0, len(data)
         while start < size:
             end = size

@@ -102,7 +102,6 @@ def make_key(
 
 
 _new_tuple: Final = tuple.__new__
-_META_ONLY: Final = frozenset({"_meta"})
 _NO_PARAMS: Final = canonical_json({})
 
 

@@ -407,7 +407,7 @@ class Proxy:
                 )
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             code = message["error"].get("code")
-            outcome.error_code = code if isinstance(code, int) else None
+            outcome.error_code = code if type(code) is int else None  # not a bool
         elif status == 200 and message is not None:
             self._succeeded(upstream, parsed)
         if key is not None:
@@ -498,7 +498,7 @@ class Proxy:
             return out
         if final is not None and isinstance(error_obj := final.get("error"), dict):
             code = error_obj.get("code")
-            outcome.error_code = code if isinstance(code, int) else None
+            outcome.error_code = code if type(code) is int else None  # not a bool
         elif final is not None and resp.status == 200:
             self._succeeded(upstream, parsed)
         if key is not None:

@@ -7,6 +7,7 @@ import asyncio
 import io
 import json
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -59,10 +60,15 @@ async def test_lines_are_written_in_batches_not_per_request() -> None:
     assert lines_of(out.getvalue())[-1]["note"] == "direct"
 
 
-def test_lines_to_a_pipe_are_written_whole_in_atomic_writes(tmp_path: Path) -> None:
-    """Several workers share one stderr: on a pipe every write is at most PIPE_BUF bytes and
-    ends at a line end, so their lines never interleave."""
-    read_fd, write_fd = os.pipe()
+@pytest.mark.parametrize("kind", ["pipe", "socket"])
+def test_lines_to_a_pipe_or_socket_are_written_whole_in_atomic_writes(kind: str) -> None:
+    """Several workers share one stderr: on a pipe, or a socket such as journald's, every
+    write is at most PIPE_BUF bytes and ends at a line end, so their lines never interleave."""
+    if kind == "pipe":
+        read_fd, write_fd = os.pipe()
+    else:
+        left, right = socket.socketpair()
+        read_fd, write_fd = left.detach(), right.detach()
     chunks: list[bytes] = []
 
     def drain() -> None:
@@ -92,6 +98,38 @@ def test_lines_to_a_pipe_are_written_whole_in_atomic_writes(tmp_path: Path) -> N
     os.close(read_fd)
     assert max(w for w in writes if w < 6000) <= 4096 and any(w > 6000 for w in writes)
     assert len(lines_of(b"".join(chunks).decode())) == 40
+
+
+async def test_a_batch_to_a_regular_file_is_one_write(tmp_path: Path) -> None:
+    path = tmp_path / "access.log"
+    writes: list[int] = []
+    real_write = os.write
+
+    def spy(fd: int, data: Any) -> int:
+        writes.append(len(data))
+        return real_write(fd, data)
+
+    with path.open("w") as stream:
+        handler = AccessLogHandler(stream)
+        os.write = spy  # type: ignore[assignment]
+        try:
+            for _ in range(30):
+                handler.write({"padding": "y" * 300})
+            handler.flush()
+        finally:
+            os.write = real_write
+    assert len(lines_of(path.read_text())) == 30
+    assert writes == [path.stat().st_size]
+
+
+def test_values_of_unexpected_types_still_make_a_valid_line() -> None:
+    out = io.StringIO()
+    handler = AccessLogHandler(out)
+    handler.write_request(time.time(), ("up", "tools/call", "POST", 200, True, "bypass", None, 0.5))
+    handler.write_request(time.time(), ("up", "tools/call", "POST", 200, 2**70, "bypass", None, 1))
+    first, second = lines_of(out.getvalue())
+    assert (first["jsonrpc_error"], first["duration_ms"]) == (True, 500.0)
+    assert (second["jsonrpc_error"], second["duration_ms"]) == (2**70, 1000)
 
 
 def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None:

@@ -668,6 +668,12 @@ async def test_silent_stream_is_closed_after_the_idle_timeout_with_an_error(make
 
 async def test_access_log_has_one_line_per_request_with_its_outcome(make_env: Any) -> None:
     env = await make_env()
+
+    async def odd_error(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        # A boolean "code" is not a JSON-RPC error code: relayed as it is, logged as null.
+        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": True, "message": "odd"}})
+
+    env.upstream.handlers["tools/call"] = odd_error
     out = io.StringIO()
     logger = logging.getLogger(ACCESS_LOGGER)
     saved = (logger.handlers[:], logger.propagate, logger.level)
@@ -678,6 +684,7 @@ async def test_access_log_has_one_line_per_request_with_its_outcome(make_env: An
         await env.post(rpc("tools/list", id_=1))
         await env.post(rpc("tools/list", id_=2))
         await env.post(rpc("tools/list", id_=3), name="nope")
+        await env.post(rpc("tools/call", id_=4, name="t", arguments={}), headers=mcp_headers("tools/call", "t"))
         logger.handlers[0].flush()
     finally:
         logger.handlers[:], logger.propagate = saved[0], saved[1]
@@ -687,7 +694,9 @@ async def test_access_log_has_one_line_per_request_with_its_outcome(make_env: An
         ("up", "tools/list", 200, "miss"),
         ("up", "tools/list", 200, "hit"),
         ("unknown", "tools/list", 404, "bypass"),
+        ("up", "tools/call", 200, "bypass"),
     ]
+    assert lines[3]["jsonrpc_error"] is None
     assert lines[1]["cache_status"].startswith("mcp-gateway; hit; ttl=")
     assert lines[2]["jsonrpc_error"] == -32601 and all(x["http_method"] == "POST" for x in lines)
     assert all(isinstance(x["duration_ms"], float) and x["duration_ms"] >= 0 for x in lines)
