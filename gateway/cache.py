@@ -185,10 +185,6 @@ class CacheEntry:
             ttl_ms = 0
         return b"".join((_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail)), ttl_ms
 
-    def render(self, id_json: bytes, ttl_ms: int) -> bytes:
-        """The JSON-RPC response with id ``id_json`` and ``ttlMs`` ``ttl_ms`` (one copy of the result)."""
-        return b"".join((_RESPONSE_START, id_json, self.head, str(ttl_ms).encode(), self.tail))
-
 
 _RESULT: Final = b',"result":'
 _PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)

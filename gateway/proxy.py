@@ -14,25 +14,25 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, TypeVar
 
 import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, istr
 
-from .accesslog import ACCESS_LOGGER, direct_handler
+from .accesslog import ACCESS_LOGGER, REQUEST_FIELDS, direct_handler
 from .auth import bearer_matches
 from .cache import STORED, CacheEntry, CacheKey, CacheStore, Clock, Coalescer, build_entry, make_key, store_outcome
 from .config import GatewayConfig
 from .metrics import GatewayMetrics
 from .protocol import (
-    KNOWN_METHODS,
     BadGateway,
     GatewayError,
     ParsedRequest,
     SSEParser,
     id_json,
     loads,
+    method_label,
     parse_request,
     response_id_matches,
 )
@@ -121,10 +121,6 @@ _CACHE_STATUS: Final = istr("Cache-Status")
 _JSON_HEADERS: Final = CIMultiDict({"Content-Type": "application/json"})
 _INFO: Final = logging.INFO
 _Child = TypeVar("_Child")
-
-
-class _Incrementable(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
 
 
 class _Children(dict[tuple[str, ...], _Child], Generic[_Child]):
@@ -235,8 +231,7 @@ class Proxy:
             self._check_auth(request, err.request_id)
             self._upstream(outcome.upstream, err.request_id)
             raise
-        method = parsed.method
-        outcome.method = method = method if method in KNOWN_METHODS else "other"
+        outcome.method = method_label(parsed.method)
         if self._tokens:
             self._check_auth(request, parsed.request_id)
         upstream = self.upstreams.get(outcome.upstream)
@@ -533,31 +528,21 @@ class Proxy:
         method = outcome.method
         self._record(upstream, method, status, outcome.cache, outcome.lookup, elapsed)
         if access_log.isEnabledFor(_INFO):
+            # In REQUEST_FIELDS order (duration in seconds).
+            values = (
+                upstream,
+                method,
+                request.method,
+                status,
+                outcome.error_code,
+                outcome.cache,
+                outcome.cache_status,
+                elapsed,
+            )
             handler = direct_handler(access_log)
             if handler is not None:
-                # In REQUEST_FIELDS order; the handler formats the line later, in a batch.
-                handler.write_request(
-                    time.time(),
-                    (
-                        upstream,
-                        method,
-                        request.method,
-                        status,
-                        outcome.error_code,
-                        outcome.cache,
-                        outcome.cache_status,
-                        elapsed,
-                    ),
-                )
+                handler.write_request(time.time(), values)  # formatted later, in a batch
                 return
-            fields = {
-                "upstream": upstream,
-                "method": method,
-                "http_method": request.method,
-                "status": status,
-                "jsonrpc_error": outcome.error_code,
-                "cache": outcome.cache,
-                "cache_status": outcome.cache_status,
-                "duration_ms": round(elapsed * 1000, 3),
-            }
+            fields = dict(zip(REQUEST_FIELDS, values, strict=True))
+            fields["duration_ms"] = round(elapsed * 1000, 3)
             access_log.info("request", extra=fields)
