@@ -3,11 +3,15 @@
 The proxy logs every MCP request to the ``mcp_gateway.access`` logger. Through the plain
 ``logging`` machinery (a ``LogRecord``, python-json-logger, a flush per line) a line costs more
 than answering a cache hit, so ``mcp-gateway serve --log-format json`` puts an
-:class:`AccessLogHandler` on that logger: the proxy hands it the line's values directly
-(:meth:`AccessLogHandler.write_request`, a tuple append), and lines are formatted and written
-in batches, every 50 ms or 512 lines. Records
-that reach the handler through ``logging`` get the same shape. Anyone who configures other
-handlers on the logger gets the ordinary ``logging`` path.
+:class:`AccessLogHandler` on that logger, and the request journal (gateway.journal) hands it
+request records in batches (:meth:`AccessLogHandler.write_requests`), formatted from a
+template and written in one go. Records that reach the handler through ``logging`` get the
+same shape, in batches too (every 50 ms or 512 lines). Anyone who configures other handlers
+on the logger gets the ordinary ``logging`` path.
+
+Request records are plain tuples: the values of :data:`REQUEST_FIELDS` in that order (with
+``duration_ms`` given in seconds), then the cache lookup result (not logged) and the
+``time.perf_counter()`` at which the request ended.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ ACCESS_LOGGER: Final = "mcp_gateway.access"
 FLUSH_DELAY_S: Final = 0.05
 #: ... or at once when this many lines are queued.
 FLUSH_LINES: Final = 512
-#: The fields of a request line, in the order :meth:`AccessLogHandler.write_request` takes them.
+#: The fields of a request line, in the order of a request record (see module).
 REQUEST_FIELDS: Final = (
     "upstream",
     "method",
@@ -62,14 +66,21 @@ class _JSONText(dict[str, str]):
         return text
 
 
-#: One request line: the fixed keys, then REQUEST_FIELDS, each value as JSON text.
-_REQUEST_LINE: Final = (
-    '{"asctime":"%s","level":"INFO","name":"'
+#: The fixed keys of a request line after ``asctime``, and REQUEST_FIELDS but the duration,
+#: each value as JSON text; a line is ``{"asctime":...,`` + this + ``"duration_ms":...}``.
+_REQUEST_FIELDS_TEXT: Final = (
+    '"level":"INFO","name":"'
     + ACCESS_LOGGER
     + '","message":"request",'
-    + ",".join(f'"{name}":%s' for name in REQUEST_FIELDS)
-    + "}"
+    + "".join(f'"{name}":%s,' for name in REQUEST_FIELDS[:-1])
 )
+#: Index of the duration (seconds) and of the end time in a request record.
+_SECONDS: Final = len(REQUEST_FIELDS) - 1
+_ENDED: Final = len(REQUEST_FIELDS) + 1
+#: Durations are written from integer microseconds below this (about 31 years).
+_MAX_SECONDS: Final = 1e9
+#: "000" to "999": milliseconds as asctime writes them, and the decimals of a duration.
+_THREE_DIGITS: Final = tuple(f"{i:03d}" for i in range(1000))
 
 
 class AccessLogHandler(logging.Handler):
@@ -87,18 +98,88 @@ class AccessLogHandler(logging.Handler):
     def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__()
         self.stream = stream if stream is not None else sys.stderr
-        self._pending: list[bytes | tuple[float, tuple[Any, ...]]] = []
+        self._pending: list[bytes] = []
         self._scheduled: asyncio.TimerHandle | None = None
         self._second = -1
         self._stamp = ""
         self._json_text = _JSONText()
+        #: The text of a line's fields but the duration, by their values (a line differs
+        #: from the last one of the same request kind by its times only).
+        self._fields_text: dict[tuple[Any, ...], str] = {}
 
-    def write_request(self, created: float, values: tuple[Any, ...]) -> None:
-        """Queue one access-log line (the proxy's fast path): ``created`` is ``time.time()``
-        seconds, ``values`` the values of :data:`REQUEST_FIELDS` in that order, with
-        ``duration_ms`` given in seconds. The line is formatted when the batch is written,
-        so a request pays for one tuple and one append."""
-        self._queue((created, values))
+    def write_requests(self, records: list[tuple[Any, ...]]) -> None:
+        """Write one line per request record (see module), after any line already queued,
+        in one go. Each line is stamped with the time its request ended."""
+        offset = time.time() - time.perf_counter()
+        fields_text = self._fields_text
+        lines = []
+        for record in records:
+            try:
+                key = record[:_SECONDS]
+                try:
+                    text = fields_text.get(key)
+                except TypeError:  # an unhashable value (the proxy passes none)
+                    text = None
+                if text is None:
+                    text = self._fields(key)
+                ended = record[_ENDED] + offset
+                second = int(ended)
+                if second != self._second:
+                    self._asctime(ended)  # a new second: its stamp
+                seconds = record[_SECONDS]
+                if type(seconds) is float and 0.0 <= seconds < _MAX_SECONDS:
+                    # Milliseconds with 3 decimals from integer microseconds: a fraction of
+                    # what round() and repr() of a float cost.
+                    us = int(seconds * 1_000_000 + 0.5)
+                    duration = f"{us // 1000}.{_THREE_DIGITS[us % 1000]}"
+                else:
+                    duration = _odd_json(seconds)
+                lines.append(
+                    f'{{"asctime":"{self._stamp},{_THREE_DIGITS[int((ended - second) * 1000)]}",'
+                    f'{text}"duration_ms":{duration}}}'
+                )
+            except Exception:  # a log line is never worth a failed request
+                with contextlib.suppress(Exception):
+                    sys.stderr.write("mcp-gateway: access log line dropped\n")
+        if lines:
+            self._pending.append("\n".join(lines).encode())
+        self.flush()
+
+    def _fields(self, values: tuple[Any, ...]) -> str:
+        """The JSON text of the fields ``values`` (REQUEST_FIELDS but the duration), as
+        ``orjson.dumps`` writes them, remembered."""
+        upstream, method, http_method, status, error, cache, cache_status = values
+        if (
+            type(status) is int
+            and (error is None or type(error) is int)
+            and all(type(v) is str for v in (upstream, method, http_method, cache))
+            and (cache_status is None or type(cache_status) is str)
+        ):
+            text = self._json_text
+            # Every value as JSON text: what orjson.dumps writes for the same values.
+            fields = _REQUEST_FIELDS_TEXT % (
+                text[upstream],
+                text[method],
+                text[http_method],
+                status,
+                "null" if error is None else error,
+                text[cache],
+                "null" if cache_status is None else text[cache_status],
+            )
+        else:  # values of other types (the proxy passes none): a valid line all the same
+            line = dict(zip(REQUEST_FIELDS, values, strict=False))
+            try:
+                dumped = orjson.dumps(line, default=str)
+            except TypeError:  # integers beyond 64 bits
+                dumped = json.dumps(line, default=str, separators=(",", ":"), ensure_ascii=False).encode()
+            fields = '"level":"INFO","name":"' + ACCESS_LOGGER + '","message":"request",' + dumped.decode()[1:-1] + ","
+        try:
+            if len(self._fields_text) >= 4096:
+                self._fields_text.clear()
+            self._fields_text[values] = fields
+        except TypeError:  # an unhashable value: not remembered
+            pass
+        return fields
 
     def write(self, fields: dict[str, Any]) -> None:
         """Queue one INFO line of the access logger with ``fields`` as they are."""
@@ -121,11 +202,9 @@ class AccessLogHandler(logging.Handler):
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        fmt = self._format
         try:
-            lines = [item if isinstance(item, bytes) else fmt(item) for item in pending]
-            lines.append(b"")
-            self._write(b"\n".join(lines))
+            pending.append(b"")
+            self._write(b"\n".join(pending))
         except Exception:  # a log line is never worth a failed request
             with contextlib.suppress(Exception):
                 sys.stderr.write("mcp-gateway: access log write failed\n")
@@ -134,7 +213,7 @@ class AccessLogHandler(logging.Handler):
         self.flush()
         super().close()
 
-    def _queue(self, item: bytes | tuple[float, tuple[Any, ...]]) -> None:
+    def _queue(self, item: bytes) -> None:
         pending = self._pending
         pending.append(item)
         if len(pending) >= FLUSH_LINES:
@@ -149,34 +228,6 @@ class AccessLogHandler(logging.Handler):
 
     def _head(self, created: float) -> dict[str, Any]:
         return {"asctime": self._asctime(created), "level": "INFO", "name": ACCESS_LOGGER, "message": "request"}
-
-    def _format(self, item: tuple[float, tuple[Any, ...]]) -> bytes:
-        created, values = item
-        upstream, method, http_method, status, error, cache, cache_status, seconds = values
-        if type(status) is int and (error is None or type(error) is int) and type(seconds) is float:
-            text = self._json_text
-            # Every value as JSON text: the line orjson.dumps writes for the same dict.
-            return (
-                _REQUEST_LINE
-                % (
-                    self._asctime(created),
-                    text[upstream],
-                    text[method],
-                    text[http_method],
-                    status,
-                    "null" if error is None else error,
-                    text[cache],
-                    "null" if cache_status is None else text[cache_status],
-                    repr(round(seconds * 1000, 3)),
-                )
-            ).encode()
-        # Values of other types (the proxy passes none): a valid line all the same.
-        line = self._head(created) | dict(zip(REQUEST_FIELDS, values, strict=True))
-        line["duration_ms"] = round(seconds * 1000, 3) if isinstance(seconds, (int, float)) else seconds
-        try:
-            return orjson.dumps(line, default=str)
-        except TypeError:  # integers beyond 64 bits
-            return json.dumps(line, default=str, separators=(",", ":"), ensure_ascii=False).encode()
 
     def _write(self, data: bytes) -> None:
         try:
@@ -210,7 +261,18 @@ class AccessLogHandler(logging.Handler):
         if second != self._second:
             self._second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        return f"{self._stamp},{int((created - second) * 1000):03d}"
+        return f"{self._stamp},{_THREE_DIGITS[int((created - second) * 1000)]}"
+
+
+def _odd_json(value: Any) -> str:
+    """JSON text of a duration that is not a float: milliseconds for seconds given as an
+    integer, anything else as it is."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = round(value * 1000, 3)
+    try:
+        return orjson.dumps(value, default=str).decode()
+    except TypeError:  # integers beyond 64 bits
+        return json.dumps(value, default=str)
 
 
 def direct_handler(logger: logging.Logger) -> AccessLogHandler | None:

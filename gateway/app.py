@@ -96,7 +96,12 @@ def create_app(
     async def close_streams(app: web.Application) -> None:
         await proxy.close_streams()
 
+    async def drain_journal(app: web.Application) -> None:
+        # The last requests' records, to the metrics and the access log before exit.
+        proxy.journal.drain()
+
     app.on_shutdown.append(close_streams)
+    app.on_cleanup.append(drain_journal)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(registry_tasks)
 

@@ -6,25 +6,25 @@ Label values come only from configured upstream names, known MCP method names (e
 
 from __future__ import annotations
 
+import collections
+import itertools
+import operator
 import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
-from typing import Final
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["FOLD_EVERY", "GatewayMetrics", "RequestMetrics"]
+__all__ = ["GatewayMetrics", "RequestMetrics"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-#: How many finished requests are recorded before they are added up (also done on scrape).
-FOLD_EVERY: Final = 256
-
 
 class RequestMetrics:
-    """The metrics updated by every MCP request, recorded in batches (a prometheus_client
+    """The metrics updated by every MCP request, added up in batches (a prometheus_client
     custom collector).
 
     Families (README "Metrics"): ``mcp_gateway_requests_total{upstream,method,status}``,
@@ -33,72 +33,73 @@ class RequestMetrics:
 
     Why not ``Counter``/``Histogram``: each of their updates takes a lock and a histogram
     walks its bounds in Python, together a sizeable part of answering a cache hit (bench/).
-    :meth:`record` only appends a tuple; every ``FOLD_EVERY`` records, and before every
-    scrape, :meth:`fold` adds them up in one tight loop. A scrape therefore always sees every
-    request recorded before it. The families are rendered by prometheus_client
-    (``CounterMetricFamily``/``HistogramMetricFamily``: the same samples, ``le`` formatting
-    and ``_created`` series for the counters). Single-threaded: record from the event loop.
+    Requests come in batches of request records (:meth:`add`, from gateway.journal), added up
+    with C-level counting; ``before_collect`` (the journal's ``drain``) is called before every
+    scrape, so a scrape sees every request that ended before it. The families are rendered
+    by prometheus_client (``CounterMetricFamily``/``HistogramMetricFamily``: the same samples,
+    ``le`` formatting and ``_created`` series for the counters). Single-threaded.
     """
 
     def __init__(self, namespace: str, registry: CollectorRegistry, buckets: Sequence[float]) -> None:
         self._ns = namespace
         self._bounds = tuple(sorted(buckets))
         self._le = [floatToGoString(b) for b in self._bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
-        self._pending: list[tuple[str, str, int, str, str | None, float]] = []
         self._requests: dict[tuple[str, str, str], int] = {}
         self._requests_created: dict[tuple[str, str, str], float] = {}
         self._lookups: dict[tuple[str, str, str], int] = {}
         self._lookups_created: dict[tuple[str, str, str], float] = {}
         #: (upstream, method, cache) -> [count per bucket..., count above every bound, sum]
         self._durations: dict[tuple[str, str, str], list[float]] = {}
+        #: Called first thing on every collect (and by :meth:`requests`/:meth:`lookups`).
+        self.before_collect: Callable[[], None] | None = None
         registry.register(self)
 
-    def record(self, upstream: str, method: str, status: int, cache: str, lookup: str | None, seconds: float) -> None:
-        """One answered request: its HTTP ``status``, ``cache`` label (hit/miss/bypass), cache
-        ``lookup`` result (hit/miss/coalesced/bypass, ``None`` when the cache was not asked)
-        and duration in ``seconds``."""
-        pending = self._pending
-        pending.append((upstream, method, status, cache, lookup, seconds))
-        if len(pending) >= FOLD_EVERY:
-            self.fold()
-
-    def fold(self) -> None:
-        """Add up the recorded requests."""
-        pending, self._pending = self._pending, []
-        if not pending:
+    def add(self, records: Sequence[Sequence[Any]]) -> None:
+        """Add up a batch of request records (gateway.accesslog, "Request records"): items
+        0 ``upstream``, 1 ``method``, 3 HTTP ``status``, 5 ``cache`` label (hit/miss/bypass),
+        7 duration in seconds, 8 cache ``lookup`` result (hit/miss/coalesced/bypass, ``None``
+        when the cache was not asked)."""
+        if not records:
             return
         now = time.time()
-        requests, lookups, durations, bounds = self._requests, self._lookups, self._durations, self._bounds
-        for upstream, method, status, cache, lookup, seconds in pending:
-            key = (upstream, method, str(status))
+        columns = list(zip(*records, strict=True))
+        upstream, method, status, cache, seconds, lookup = (columns[i] for i in (0, 1, 3, 5, 7, 8))
+        # le is inclusive: bisect_left puts a value equal to a bound in that bound's bucket.
+        buckets = map(bisect_left, itertools.repeat(self._bounds), seconds)
+        # One C-level count of every kind of request in the batch (a batch holds few kinds),
+        # then the three families from those counts.
+        kinds = collections.Counter(zip(upstream, method, status, cache, lookup, buckets, strict=True))
+        requests, lookups, durations = self._requests, self._lookups, self._durations
+        width = len(self._bounds) + 2
+        for (u, m, code, c, result, bucket), count in kinds.items():
+            key = (u, m, str(code))
             if key in requests:
-                requests[key] += 1
+                requests[key] += count
             else:
-                requests[key] = 1
+                requests[key] = count
                 self._requests_created[key] = now
-            if lookup is not None:
-                key = (upstream, method, lookup)
+            if result is not None:
+                key = (u, m, result)
                 if key in lookups:
-                    lookups[key] += 1
+                    lookups[key] += count
                 else:
-                    lookups[key] = 1
+                    lookups[key] = count
                     self._lookups_created[key] = now
-            key = (upstream, method, cache)
-            series = durations.get(key)
+            series = durations.get((u, m, c))
             if series is None:
-                series = durations[key] = [0.0] * (len(bounds) + 2)
-            # le is inclusive: bisect_left puts a value equal to a bound in that bound's bucket.
-            series[bisect_left(bounds, seconds)] += 1
-            series[-1] += seconds
+                series = durations[u, m, c] = [0.0] * width
+            series[bucket] += count
+        for key, total in _sums(list(zip(upstream, method, cache, strict=True)), seconds).items():
+            durations[key][-1] += total
 
     def requests(self, upstream: str, method: str, status: int) -> int:
-        """``mcp_gateway_requests_total`` of one series (after folding)."""
-        self.fold()
+        """``mcp_gateway_requests_total`` of one series (every request recorded so far)."""
+        self._before_collect()
         return self._requests.get((upstream, method, str(status)), 0)
 
     def lookups(self, upstream: str, method: str, result: str) -> int:
-        """``mcp_gateway_cache_lookups_total`` of one series (after folding)."""
-        self.fold()
+        """``mcp_gateway_cache_lookups_total`` of one series (every request recorded so far)."""
+        self._before_collect()
         return self._lookups.get((upstream, method, result), 0)
 
     def _families(self) -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily]:
@@ -124,8 +125,12 @@ class RequestMetrics:
     def describe(self) -> Iterator[Metric]:
         yield from self._families()
 
+    def _before_collect(self) -> None:
+        if self.before_collect is not None:
+            self.before_collect()
+
     def collect(self) -> Iterator[Metric]:
-        self.fold()
+        self._before_collect()
         requests, durations, lookups = self._families()
         for key, count in self._requests.items():
             requests.add_metric(key, count, created=self._requests_created[key])
@@ -140,6 +145,18 @@ class RequestMetrics:
         yield requests
         yield durations
         yield lookups
+
+
+def _sums(keys: list[tuple[str, str, str]], values: Sequence[float]) -> dict[tuple[str, str, str], float]:
+    """The sum of ``values`` by key. A batch holds a few kinds of request: one C-level pass
+    per key then, a Python loop for more."""
+    distinct = set(keys)
+    if len(distinct) <= 8:
+        return {key: sum(itertools.compress(values, map(operator.eq, keys, itertools.repeat(key)))) for key in distinct}
+    sums: dict[tuple[str, str, str], float] = {}
+    for key, value in zip(keys, values, strict=True):
+        sums[key] = sums.get(key, 0.0) + value
+    return sums
 
 
 class GatewayMetrics:

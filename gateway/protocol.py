@@ -203,7 +203,9 @@ def loads(data: bytes) -> Any:
     Raises:
         ValueError: not JSON (``NaN``/``Infinity`` literals included).
     """
-    if _LONG_DIGITS not in data.translate(_DIGITS_TO_ZERO):
+    # find(), not "in": bytes.__contains__ first tries the needle as an integer and raises
+    # (and clears) a TypeError on every call.
+    if data.translate(_DIGITS_TO_ZERO).find(_LONG_DIGITS) < 0:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -315,10 +317,6 @@ class ParsedRequest:
         return self.cache_bypass is None
 
 
-def _is_valid_id(value: object) -> bool:
-    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     """Parse and validate one POSTed MCP message against its headers.
 
@@ -343,49 +341,62 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
         if isinstance(msg, list):
             raise InvalidRequest("Invalid Request: JSON-RPC batches are not supported")
         raise InvalidRequest("Invalid Request: expected a JSON-RPC object")
+    # Exact types throughout: loads() makes only dict, list, str, int, float (or a float
+    # subclass), bool and None, and a bool is not an id.
     request_id = msg.get("id", _NO_ID)
-    has_id = request_id is not _NO_ID
-    if not has_id:
+    if request_id is _NO_ID:
+        has_id = False
         request_id = None
-    elif not _is_valid_id(request_id):
+    elif type(request_id) is str or type(request_id) is int:
+        has_id = True
+    else:
         raise InvalidRequest("Invalid Request: id must be a string or an integer")
     if msg.get("jsonrpc") != "2.0":
         raise InvalidRequest('Invalid Request: jsonrpc must be "2.0"', request_id=request_id)
     method = msg.get("method")
-    params = msg.get("params")
-    if method is None and has_id and ("result" in msg or "error" in msg):
-        return ParsedRequest("response", request_id, None, "legacy", None, None, "legacy")
     if type(method) is not str:
+        if method is None and has_id and ("result" in msg or "error" in msg):
+            return ParsedRequest("response", request_id, None, "legacy", None, None, "legacy")
         raise InvalidRequest("Invalid Request: method must be a string", request_id=request_id)
-    kind: Literal["request", "notification"] = "request" if has_id else "notification"
-
+    params = msg.get("params")
     meta = params.get("_meta") if type(params) is dict else None
-    body_version = meta.get(PROTOCOL_VERSION_KEY) if type(meta) is dict else None
+    if type(meta) is dict:
+        body_version = meta.get(PROTOCOL_VERSION_KEY)
+    else:
+        meta = body_version = None
     # Each metadata header is read once, all its values: one sent twice with different
     # values is a mismatch (only one could be compared with the body).
     versions = headers.getall(H_PROTOCOL_VERSION, ())
-    header_version = versions[0] if versions else None
-    if len(versions) > 1 and len(set(versions)) > 1:
-        raise HeaderMismatch("Header mismatch: MCP-Protocol-Version sent with different values", request_id=request_id)
+    if versions:
+        header_version = versions[0]
+        if len(versions) > 1 and len(set(versions)) > 1:
+            raise HeaderMismatch(
+                "Header mismatch: MCP-Protocol-Version sent with different values", request_id=request_id
+            )
+    else:
+        header_version = None
     if (
         method == "initialize"
         or H_SESSION_ID in headers
         or header_version in LEGACY_VERSIONS
         or (header_version is None and body_version is None)
     ):
-        return ParsedRequest(kind, request_id, method, "legacy", header_version, params, "legacy")
+        return ParsedRequest(
+            "request" if has_id else "notification", request_id, method, "legacy", header_version, params, "legacy"
+        )
     if not has_id:
         # Header rules for notification POSTs are left undefined by 2026-07-28 (§13.9).
-        return ParsedRequest(kind, request_id, method, "modern", header_version, params, "notification")
+        return ParsedRequest("notification", request_id, method, "modern", header_version, params, "notification")
     if header_version is None:
         raise HeaderMismatch("Header mismatch: MCP-Protocol-Version header is required", request_id=request_id)
 
-    if type(meta) is not dict or type(params) is not dict:
+    if meta is None:
         raise InvalidParams("Invalid params: params._meta is required", request_id=request_id)
-    if PROTOCOL_VERSION_KEY not in meta or CLIENT_CAPABILITIES_KEY not in meta:
+    capabilities = meta.get(CLIENT_CAPABILITIES_KEY, _NO_ID)
+    if type(body_version) is not str or type(capabilities) is not dict:
         missing = [k for k in (PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY) if k not in meta]
-        raise InvalidParams(f"Invalid params: params._meta is missing {', '.join(missing)}", request_id=request_id)
-    if type(body_version) is not str or type(meta[CLIENT_CAPABILITIES_KEY]) is not dict:
+        if missing:
+            raise InvalidParams(f"Invalid params: params._meta is missing {', '.join(missing)}", request_id=request_id)
         raise InvalidParams(
             "Invalid params: protocolVersion must be a string and clientCapabilities an object",
             request_id=request_id,
@@ -394,10 +405,9 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     if len(methods) > 1 and len(set(methods)) > 1:
         raise HeaderMismatch("Header mismatch: Mcp-Method sent with different values", request_id=request_id)
     name_field = NAME_FIELD.get(method)
-    names: list[str] = []
     if name_field is not None:
         # Mcp-Name is checked on tools/call, prompts/get and resources/read only.
-        names = headers.getall(H_NAME, [])
+        names = headers.getall(H_NAME, ())
         if len(names) > 1 and len(set(names)) > 1:
             raise HeaderMismatch("Header mismatch: Mcp-Name sent with different values", request_id=request_id)
     if header_version != body_version:
@@ -409,19 +419,20 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
         raise HeaderMismatch("Header mismatch: Mcp-Method header must equal method", request_id=request_id)
     if name_field is not None:
         decoded = decode_header_value(names[0]) if names else None
-        if decoded is None or decoded != params.get(name_field):
+        if decoded is None or decoded != params.get(name_field):  # type: ignore[union-attr]
             raise HeaderMismatch(
                 f"Header mismatch: Mcp-Name header must equal params.{name_field}", request_id=request_id
             )
 
-    bypass: str | None = None
     if method not in CACHEABLE_METHODS:
-        bypass = "uncacheable"
+        bypass: str | None = "uncacheable"
     elif body_version not in MODERN_VERSIONS:
         bypass = "unknown-version"
-    elif "inputResponses" in params or "requestState" in params:  # MRTR_PARAMS
+    elif "inputResponses" in params or "requestState" in params:  # type: ignore[operator]  # MRTR_PARAMS
         bypass = "input-responses"
-    return ParsedRequest(kind, request_id, method, "modern", body_version, params, bypass)
+    else:
+        bypass = None
+    return ParsedRequest("request", request_id, method, "modern", body_version, params, bypass)
 
 
 #: ``msg.get("id", _NO_ID)``: tells an absent id from ``"id": null`` in one lookup.

@@ -13,17 +13,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Final, Generic, TypeVar
 
 import aiohttp
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, istr
 
-from .accesslog import ACCESS_LOGGER, REQUEST_FIELDS, direct_handler
+from .accesslog import ACCESS_LOGGER
 from .auth import bearer_matches
 from .cache import STORED, CacheEntry, CacheKey, CacheStore, Clock, Coalescer, build_entry, make_key, store_outcome
 from .config import GatewayConfig
+from .journal import RequestJournal
 from .metrics import GatewayMetrics
 from .protocol import (
     BadGateway,
@@ -79,17 +79,16 @@ class Overloaded(GatewayError):
     status = 503
 
 
-@dataclass(slots=True)
 class _Outcome:
     """What one MCP request ended as, for metrics and the access log.
 
     ``cache`` is the ``cache`` label of the duration histogram (hit, miss, bypass); ``lookup``
     the cache lookup result (hit, miss, coalesced, bypass; ``None`` if the cache was not
     asked); ``cache_status`` the ``Cache-Status`` value answered (or to answer); ``entry`` the
-    cache entry stored from this request's upstream answer, if any.
+    cache entry stored from this request's upstream answer, if any. The defaults are class
+    attributes: one is built per request, and a cache hit sets three fields.
     """
 
-    upstream: str
     method: str = "other"
     cache: str = "bypass"
     lookup: str | None = None
@@ -97,6 +96,11 @@ class _Outcome:
     cache_status: str | None = None
     entry: CacheEntry | None = None
     disconnected: bool = False
+
+    def __init__(self, upstream: str, method: str = "other") -> None:
+        self.upstream = upstream
+        if method != "other":
+            self.method = method
 
 
 def _final_response(events: list[bytes], request_id: object) -> tuple[dict[str, object] | None, int]:
@@ -119,7 +123,6 @@ _HIT: Final = _status("hit", "ttl=")
 _CACHE_STATUS: Final = istr("Cache-Status")
 #: Copied for each hit (cheaper than building the headers from a dict).
 _JSON_HEADERS: Final = CIMultiDict({"Content-Type": "application/json"})
-_INFO: Final = logging.INFO
 _Child = TypeVar("_Child")
 
 
@@ -134,6 +137,45 @@ class _Children(dict[tuple[str, ...], _Child], Generic[_Child]):
     def __missing__(self, key: tuple[str, ...]) -> _Child:
         child = self[key] = self._labels(*key)
         return child
+
+
+class _CachedResponse(web.Response):
+    """A ``200 OK`` of ready bytes with ready headers: what ``web.Response(body=, headers=)``
+    builds, without its argument handling and header copy (a cache hit builds one each).
+
+    It sets the attributes ``web.Response.__init__`` sets; :data:`_LEAN_RESPONSES` checks at
+    import that the two agree, for the aiohttp installed, and the hit path uses
+    ``web.Response`` when they do not.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, body: bytes, headers: CIMultiDict[str]) -> None:
+        self._state = {}
+        self._headers = headers
+        self._status = 200
+        self._reason = "OK"
+        self._body = body
+        self._compressed_body = None
+        self._zlib_executor_size = _ZLIB_EXECUTOR_SIZE
+        self._zlib_executor = None
+
+
+_ZLIB_EXECUTOR_SIZE: Final = web.Response()._zlib_executor_size  # aiohttp's default
+
+
+def _same_as_aiohttp() -> bool:
+    """Whether :class:`_CachedResponse` builds exactly what ``web.Response`` builds."""
+    headers = CIMultiDict({"Content-Type": "application/json", "Cache-Status": "x"})
+    try:
+        lean, real = vars(_CachedResponse(b"{}", headers.copy())), vars(web.Response(body=b"{}", headers=headers))
+    except Exception:
+        return False
+    return lean == real
+
+
+#: Whether cache hits are answered with :class:`_CachedResponse`.
+_LEAN_RESPONSES: Final = _same_as_aiohttp()
 
 
 def _not_found(name: str, request_id: object) -> NotFound:
@@ -161,7 +203,9 @@ class Proxy:
         self._origins = frozenset(config.listener.allowed_origins)
         self._vary = {name: config.vary_on_capabilities(name) for name in config.upstreams}
         self._caching = config.cache.max_entries > 0
-        self._record = metrics.request_metrics.record
+        self._max_body = config.listener.max_body_bytes
+        self.journal = RequestJournal(metrics.request_metrics, access_log)
+        self._add_record = self.journal.add
         self._stores = _Children(metrics.cache_stores.labels)
         self._upstream_durations = _Children(metrics.upstream_request_duration.labels)
         self._inflight = _Children(metrics.inflight.labels)
@@ -174,12 +218,71 @@ class Proxy:
     # -- entry points -------------------------------------------------------------------
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
-        """``POST /servers/{name}/mcp``."""
+        """``POST /servers/{name}/mcp``.
+
+        Authentication comes before the upstream lookup, so that callers without a token
+        cannot tell configured upstream names from others. The checks and the cache lookup
+        are written out here rather than in helpers: this is every cache hit's path.
+        """
         started = time.perf_counter()
         outcome = _Outcome(request.match_info["name"])
         response: web.StreamResponse | None = None
         try:
-            response = await self._post(request, outcome)
+            headers = request.headers
+            origin = headers.get(hdrs.ORIGIN)
+            if origin is not None and origin not in self._origins:
+                raise Forbidden(f"origin {origin!r} is not allowed")
+            content = request.content
+            if content.is_eof():
+                # The whole body has arrived (the usual case for a small POST): take it from
+                # the buffer, a fraction of what the read() loop costs.
+                body = content.read_nowait()
+                if len(body) > self._max_body:
+                    raise PayloadTooLarge(f"request body exceeds {self._max_body} bytes")
+            else:
+                try:
+                    body = await request.read()
+                except web.HTTPRequestEntityTooLarge as exc:
+                    raise PayloadTooLarge(f"request body exceeds {self._max_body} bytes") from exc
+            try:
+                parsed = parse_request(body, headers)
+            except GatewayError as err:
+                self._check_auth(request, err.request_id)
+                self._upstream(outcome.upstream, err.request_id)
+                raise
+            outcome.method = method_label(parsed.method)
+            if self._tokens:
+                self._check_auth(request, parsed.request_id)
+            upstream = self.upstreams.get(outcome.upstream)
+            if upstream is None:
+                raise _not_found(outcome.upstream, parsed.request_id)
+            bypass = parsed.cache_bypass
+            if bypass is None and self._caching:
+                try:
+                    key = make_key(
+                        upstream.name,
+                        parsed,
+                        vary_on_capabilities=self._vary[upstream.name],
+                        # "" for no header: a caller without credentials is a context of its own.
+                        authorization=headers.get(hdrs.AUTHORIZATION, "")
+                        if upstream.config.forward_authorization
+                        else None,
+                    )
+                except ValueError:
+                    status = _status("fwd=bypass", "detail=uncacheable")
+                    response = await self._forward(request, upstream, body, parsed, None, status, outcome)
+                else:
+                    entry = self.store.get(key)
+                    if entry is not None:
+                        response = self._hit(parsed, entry, outcome, collapsed=False)
+                    else:
+                        response = await self._miss(request, upstream, body, parsed, key, outcome)
+            else:
+                if bypass is None:
+                    bypass = "disabled"  # max_entries = 0: nothing is looked up, stored or coalesced
+                outcome.cache = outcome.lookup = "bypass"
+                status = _status("fwd=bypass", f"detail={bypass}")
+                response = await self._forward(request, upstream, body, parsed, None, status, outcome)
         except GatewayError as err:
             response = self._error_response(err, outcome)
         except web.HTTPException:
@@ -193,7 +296,7 @@ class Proxy:
     async def handle_stream(self, request: web.Request) -> web.StreamResponse:
         """``GET``/``DELETE /servers/{name}/mcp``: legacy-era traffic passed through."""
         started = time.perf_counter()
-        outcome = _Outcome(request.match_info["name"], method=request.method, cache="bypass")
+        outcome = _Outcome(request.match_info["name"], method=request.method)
         response: web.StreamResponse | None = None
         try:
             self._check_origin(request)
@@ -211,56 +314,18 @@ class Proxy:
             self._observe(request, outcome, response, started)
         return response
 
-    # -- the POST path ------------------------------------------------------------------
+    # -- the POST path: cache misses and hits -------------------------------------------
 
-    async def _post(self, request: web.Request, outcome: _Outcome) -> web.StreamResponse:
-        # Authentication comes before the upstream lookup, so that callers without a token
-        # cannot tell configured upstream names from others. (The checks are inlined: this
-        # is every cache hit's path.)
-        headers = request.headers
-        origin = headers.get(hdrs.ORIGIN)
-        if origin is not None and origin not in self._origins:
-            raise Forbidden(f"origin {origin!r} is not allowed")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise PayloadTooLarge(f"request body exceeds {self.config.listener.max_body_bytes} bytes") from exc
-        try:
-            parsed = parse_request(body, headers)
-        except GatewayError as err:
-            self._check_auth(request, err.request_id)
-            self._upstream(outcome.upstream, err.request_id)
-            raise
-        outcome.method = method_label(parsed.method)
-        if self._tokens:
-            self._check_auth(request, parsed.request_id)
-        upstream = self.upstreams.get(outcome.upstream)
-        if upstream is None:
-            raise _not_found(outcome.upstream, parsed.request_id)
-
-        name = upstream.name
-        bypass = parsed.cache_bypass
-        if bypass is None and not self._caching:
-            bypass = "disabled"  # max_entries = 0: nothing is looked up, stored or coalesced
-        if bypass is not None:
-            outcome.cache = outcome.lookup = "bypass"
-            status = _status("fwd=bypass", f"detail={bypass}")
-            return await self._forward(request, upstream, body, parsed, None, status, outcome)
-
-        try:
-            key = make_key(
-                name,
-                parsed,
-                vary_on_capabilities=self._vary[name],
-                # "" for no header: a caller without credentials is a context of its own.
-                authorization=headers.get(hdrs.AUTHORIZATION, "") if upstream.config.forward_authorization else None,
-            )
-        except ValueError:
-            status = _status("fwd=bypass", "detail=uncacheable")
-            return await self._forward(request, upstream, body, parsed, None, status, outcome)
-        entry = self.store.get(key)
-        if entry is not None:
-            return self._hit(parsed, entry, outcome, collapsed=False)
+    async def _miss(
+        self,
+        request: web.Request,
+        upstream: Upstream,
+        body: bytes,
+        parsed: ParsedRequest,
+        key: CacheKey,
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
+        """Not in the cache: wait for the same request already on its way upstream, or send it."""
         waiter = self.coalescer.claim(key)
         if waiter is not None:
             entry = await asyncio.shield(waiter)
@@ -284,6 +349,8 @@ class Proxy:
         outcome.cache_status = status
         headers = _JSON_HEADERS.copy()
         headers[_CACHE_STATUS] = status
+        if _LEAN_RESPONSES:
+            return _CachedResponse(body, headers)
         return web.Response(body=body, headers=headers)
 
     # -- checks -------------------------------------------------------------------------
@@ -522,27 +589,20 @@ class Proxy:
     def _observe(
         self, request: web.Request, outcome: _Outcome, response: web.StreamResponse | None, started: float
     ) -> None:
-        elapsed = time.perf_counter() - started
-        status = response.status if response is not None else 499
+        ended = time.perf_counter()
         upstream = outcome.upstream if outcome.upstream in self.upstreams else "unknown"
-        method = outcome.method
-        self._record(upstream, method, status, outcome.cache, outcome.lookup, elapsed)
-        if access_log.isEnabledFor(_INFO):
-            # In REQUEST_FIELDS order (duration in seconds).
-            values = (
+        # A request record (gateway.journal): metrics and the access log get it in a batch.
+        self._add_record(
+            (
                 upstream,
-                method,
+                outcome.method,
                 request.method,
-                status,
+                response.status if response is not None else 499,
                 outcome.error_code,
                 outcome.cache,
                 outcome.cache_status,
-                elapsed,
+                ended - started,
+                outcome.lookup,
+                ended,
             )
-            handler = direct_handler(access_log)
-            if handler is not None:
-                handler.write_request(time.time(), values)  # formatted later, in a batch
-                return
-            fields = dict(zip(REQUEST_FIELDS, values, strict=True))
-            fields["duration_ms"] = round(elapsed * 1000, 3)
-            access_log.info("request", extra=fields)
+        )

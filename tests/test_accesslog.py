@@ -1,11 +1,14 @@
-"""The access log (gateway.accesslog) and the batched request metrics (gateway.metrics):
-the two things every request, cache hits included, writes to."""
+"""The access log (gateway.accesslog), the batched request metrics (gateway.metrics) and the
+request journal that feeds both (gateway.journal): what every request, cache hits included,
+writes to."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import json
+import logging
 import os
 import socket
 import threading
@@ -18,10 +21,19 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.accesslog import ACCESS_LOGGER, FLUSH_LINES, REQUEST_FIELDS, AccessLogHandler
-from gateway.metrics import FOLD_EVERY, RequestMetrics
+from gateway.accesslog import ACCESS_LOGGER, REQUEST_FIELDS, AccessLogHandler
+from gateway.journal import BATCH_DELAY_S, BATCH_RECORDS, RequestJournal
+from gateway.metrics import RequestMetrics
 
 VALUES: tuple[Any, ...] = ("up", "tools/list", "POST", 200, None, "hit", "mcp-gateway; hit; ttl=59", 0.0001234)
+
+
+def record(values: tuple[Any, ...] = VALUES, lookup: str | None = "hit", ended: float | None = None) -> tuple[Any, ...]:
+    """A request record: REQUEST_FIELDS values (duration in seconds), lookup, perf_counter end."""
+    return (*values, lookup, time.perf_counter() if ended is None else ended)
+
+
+RECORD = record()
 
 
 def lines_of(text: str) -> list[dict[str, Any]]:
@@ -29,35 +41,92 @@ def lines_of(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.split("\n") if line]
 
 
+def asctime_seconds(asctime: str) -> float:
+    stamp = datetime.datetime.strptime(asctime, "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
 def test_a_request_line_is_the_json_of_its_fields() -> None:
     out = io.StringIO()
     handler = AccessLogHandler(out)
-    created = time.time()
     odd = ('up"\\é\u2028\x01', "other", "GET", 502, -32603, "bypass", None, 1.5)
-    handler.write_request(created, VALUES)  # outside an event loop: written at once
-    handler.write_request(created, odd)
+    before = time.time()
+    handler.write_requests([record(), record(odd, None)])
     first, second = lines_of(out.getvalue())
     assert list(first)[:4] == ["asctime", "level", "name", "message"]
+    assert list(first)[4:] == list(REQUEST_FIELDS)
     assert (first["level"], first["name"], first["message"]) == ("INFO", ACCESS_LOGGER, "request")
-    assert first["asctime"] == handler._asctime(created)
+    assert before - 0.01 <= asctime_seconds(first["asctime"]) <= time.time()  # when the request ended
     assert {k: first[k] for k in REQUEST_FIELDS} == dict(zip(REQUEST_FIELDS, (*VALUES[:-1], 0.123), strict=True))
     assert {k: second[k] for k in REQUEST_FIELDS} == dict(zip(REQUEST_FIELDS, (*odd[:-1], 1500.0), strict=True))
 
 
-async def test_lines_are_written_in_batches_not_per_request() -> None:
+def test_a_line_is_stamped_with_the_time_its_request_ended() -> None:
     out = io.StringIO()
     handler = AccessLogHandler(out)
-    for _ in range(FLUSH_LINES - 1):
-        handler.write_request(time.time(), VALUES)
-    assert out.getvalue() == ""  # queued: the batch is neither full nor due
-    handler.write_request(time.time(), VALUES)
-    assert len(lines_of(out.getvalue())) == FLUSH_LINES  # a full batch goes at once
-    handler.write_request(time.time(), VALUES)
-    await asyncio.sleep(0.2)  # ... and a partial one after FLUSH_DELAY_S (50 ms)
-    assert len(lines_of(out.getvalue())) == FLUSH_LINES + 1
-    handler.write({"note": "direct"})
-    handler.close()  # close (logging.shutdown at exit) writes what is queued
-    assert lines_of(out.getvalue())[-1]["note"] == "direct"
+    now = time.perf_counter()
+    handler.write_requests([record(ended=now - 3.25), record(ended=now)])
+    first, second = lines_of(out.getvalue())
+    gap = asctime_seconds(second["asctime"]) - asctime_seconds(first["asctime"])
+    assert gap == pytest.approx(3.25, abs=0.0015)
+
+
+@pytest.mark.parametrize("seconds", [0.0, 0.0001234, 0.0004995, 0.9999996, 1.5, 12.3456789, 86400.0])
+def test_durations_are_milliseconds_with_three_decimals(seconds: float) -> None:
+    out = io.StringIO()
+    AccessLogHandler(out).write_requests([record((*VALUES[:-1], seconds))])
+    (line,) = lines_of(out.getvalue())
+    assert line["duration_ms"] == pytest.approx(seconds * 1000, abs=0.0005)
+    assert isinstance(line["duration_ms"], float)
+    assert len(out.getvalue().split('"duration_ms":')[1].split(".")[1].rstrip("}\n")) == 3
+
+
+def test_the_template_writes_what_orjson_writes() -> None:
+    """Every field but the duration is written byte for byte as orjson.dumps of the same
+    dict; the duration has the same value."""
+    out = io.StringIO()
+    handler = AccessLogHandler(out)
+    values = ('up"\\é\u2028\x01', "tools/list", "POST", 200, -32602, "miss", "mcp-gateway; fwd=miss", 0.25)
+    handler.write_requests([record(values)])
+    text = out.getvalue().strip()
+    line = json.loads(text)
+    expected = orjson.dumps(
+        {
+            "asctime": line["asctime"],
+            "level": "INFO",
+            "name": ACCESS_LOGGER,
+            "message": "request",
+            **dict(zip(REQUEST_FIELDS[:-1], values, strict=False)),
+        }
+    ).decode()
+    assert text.startswith(expected[:-1] + ',"duration_ms":')
+    assert line["duration_ms"] == 250.0
+
+
+def test_values_of_unexpected_types_still_make_a_valid_line() -> None:
+    out = io.StringIO()
+    handler = AccessLogHandler(out)
+    handler.write_requests(
+        [
+            record(("up", "tools/call", "POST", 200, True, "bypass", None, 0.5)),
+            record(("up", "tools/call", "POST", 200, 2**70, "bypass", None, 1)),
+            record(("up", "tools/call", "POST", 200, None, "bypass", None, -0.5)),
+            record(("up", "tools/call", "POST", 200, None, {"un": "hashable"}, None, None)),
+        ]
+    )
+    first, second, third, fourth = lines_of(out.getvalue())
+    assert (first["jsonrpc_error"], first["duration_ms"]) == (True, 500.0)
+    assert (second["jsonrpc_error"], second["duration_ms"]) == (2**70, 1000)
+    assert third["duration_ms"] == -500.0
+    assert (fourth["cache"], fourth["duration_ms"]) == ({"un": "hashable"}, None)
+
+
+def test_a_line_that_cannot_be_formatted_is_dropped_and_the_rest_are_written(capsys: Any) -> None:
+    out = io.StringIO()
+    handler = AccessLogHandler(out)
+    handler.write_requests([RECORD, ("too", "short"), RECORD])
+    assert len(lines_of(out.getvalue())) == 2
+    assert "access log line dropped" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kind", ["pipe", "socket"])
@@ -89,9 +158,8 @@ def test_lines_to_a_pipe_or_socket_are_written_whole_in_atomic_writes(kind: str)
 
         os.write = spy  # type: ignore[assignment]
         try:
-            long_line = ("x" * 6000, *VALUES[1:])
-            for i in range(40):
-                handler.write_request(time.time(), long_line if i == 7 else VALUES)
+            long_line = ("x" * 6000, *RECORD[1:])
+            handler.write_requests([long_line if i == 7 else RECORD for i in range(40)])
         finally:
             os.write = real_write
     reader.join(5)
@@ -122,14 +190,73 @@ async def test_a_batch_to_a_regular_file_is_one_write(tmp_path: Path) -> None:
     assert writes == [path.stat().st_size]
 
 
-def test_values_of_unexpected_types_still_make_a_valid_line() -> None:
+def journal_with(handler: logging.Handler, name: str) -> tuple[RequestJournal, RequestMetrics, CollectorRegistry]:
+    logger = logging.getLogger(name)
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    registry = CollectorRegistry()
+    metrics = RequestMetrics("mcp_gateway", registry, (0.01,))
+    return RequestJournal(metrics, logger), metrics, registry
+
+
+async def test_the_journal_hands_on_full_batches_at_once_and_others_within_the_delay() -> None:
     out = io.StringIO()
-    handler = AccessLogHandler(out)
-    handler.write_request(time.time(), ("up", "tools/call", "POST", 200, True, "bypass", None, 0.5))
-    handler.write_request(time.time(), ("up", "tools/call", "POST", 200, 2**70, "bypass", None, 1))
-    first, second = lines_of(out.getvalue())
-    assert (first["jsonrpc_error"], first["duration_ms"]) == (True, 500.0)
-    assert (second["jsonrpc_error"], second["duration_ms"]) == (2**70, 1000)
+    journal, metrics, _ = journal_with(AccessLogHandler(out), "test.journal.batches")
+    for _ in range(BATCH_RECORDS - 1):
+        journal.add(RECORD)
+    assert out.getvalue() == ""  # recorded: the batch is neither full nor due
+    assert metrics._requests == {}
+    journal.add(RECORD)
+    assert len(lines_of(out.getvalue())) == BATCH_RECORDS  # a full batch goes at once
+    assert metrics._requests == {("up", "tools/list", "200"): BATCH_RECORDS}
+    journal.add(RECORD)
+    await asyncio.sleep(BATCH_DELAY_S + 0.2)  # ... and a partial one after BATCH_DELAY_S
+    assert len(lines_of(out.getvalue())) == BATCH_RECORDS + 1
+    assert metrics._requests == {("up", "tools/list", "200"): BATCH_RECORDS + 1}
+
+
+def test_a_scrape_sees_every_request_recorded_before_it() -> None:
+    out = io.StringIO()
+    journal, _, registry = journal_with(AccessLogHandler(out), "test.journal.scrape")
+    journal._scheduled = asyncio.get_event_loop_policy().new_event_loop().call_later(3600, lambda: None)
+    journal.add(record(("up", "ping", "POST", 200, None, "bypass", None, 0.001), None))
+    journal.add(record(("up", "ping", "POST", 200, None, "bypass", None, 0.001), None))
+    assert out.getvalue() == ""
+    text = generate_latest(registry).decode()
+    assert 'mcp_gateway_requests_total{method="ping",status="200",upstream="up"} 2.0' in text
+    assert len(lines_of(out.getvalue())) == 2  # the access log got the batch too
+
+
+def test_without_the_batching_handler_the_journal_logs_through_logging() -> None:
+    """Other handlers on the access logger get ordinary records, one per request, with the
+    request's fields and the time it ended."""
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, log_record: logging.LogRecord) -> None:
+            seen.append(log_record)
+
+    journal, _, _ = journal_with(Keep(), "test.journal.logging")
+    ended = time.perf_counter() - 2.0
+    journal.add(record(ended=ended))
+    journal.drain()
+    (log_record,) = seen
+    assert log_record.getMessage() == "request" and log_record.levelno == logging.INFO
+    assert {k: getattr(log_record, k) for k in REQUEST_FIELDS} == dict(
+        zip(REQUEST_FIELDS, (*VALUES[:-1], 0.123), strict=True)
+    )
+    assert log_record.created == pytest.approx(time.time() - 2.0, abs=0.05)
+
+
+def test_with_the_access_log_off_only_the_metrics_are_kept() -> None:
+    out = io.StringIO()
+    journal, metrics, _ = journal_with(AccessLogHandler(out), "test.journal.off")
+    logging.getLogger("test.journal.off").setLevel(logging.WARNING)
+    journal.add(RECORD)
+    journal.drain()
+    assert out.getvalue() == ""
+    assert metrics.requests("up", "tools/list", 200) == 1
 
 
 def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None:
@@ -153,10 +280,13 @@ def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None
     )
     observations = [("up", "tools/list", 200, "hit", "hit", s) for s in (0.0005, 0.001, 0.002, 0.01, 5.0)]
     observations += [("up", "tools/call", 502, "bypass", None, 0.3)] * 3
+    records = []
     for upstream, method, status, cache, lookup, seconds in observations:
-        ours.record(upstream, method, status, cache, lookup, seconds)
+        records.append(record((upstream, method, "POST", status, None, cache, None, seconds), lookup))
         requests.labels(upstream, method, str(status)).inc()
         durations.labels(upstream, method, cache).observe(seconds)
+    ours.add(records[:4])  # in two batches
+    ours.add(records[4:])
 
     def samples(registry: CollectorRegistry, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         text = generate_latest(registry).decode()
@@ -174,31 +304,20 @@ def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None
     assert ours.lookups("up", "tools/call", "bypass") == 0  # the cache was not asked
 
 
-def test_request_metrics_fold_in_batches_and_before_every_scrape() -> None:
+def test_request_metrics_add_up_batches_of_many_kinds() -> None:
+    """More kinds of request in one batch than the per-kind summing handles (8)."""
     registry = CollectorRegistry()
-    metrics = RequestMetrics("mcp_gateway", registry, (0.01,))
-    for _ in range(FOLD_EVERY - 1):
-        metrics.record("up", "ping", 200, "bypass", None, 0.001)
-    assert metrics._requests == {}  # recorded, not yet added up
-    metrics.record("up", "ping", 200, "bypass", None, 0.001)
-    assert metrics._requests == {("up", "ping", "200"): FOLD_EVERY}
-    metrics.record("up", "ping", 200, "bypass", None, 0.001)
-    text = generate_latest(registry).decode()  # a scrape sees every recorded request
-    assert f'mcp_gateway_requests_total{{method="ping",status="200",upstream="up"}} {FOLD_EVERY + 1}.0' in text
-
-
-def test_the_format_is_stable_against_orjson() -> None:
-    """The template writes exactly what orjson.dumps of the same dict writes."""
-    handler = AccessLogHandler(io.StringIO())
-    created = 1_790_000_000.25
-    line = handler._format((created, VALUES))
-    expected = orjson.dumps(
-        {
-            "asctime": handler._asctime(created),
-            "level": "INFO",
-            "name": ACCESS_LOGGER,
-            "message": "request",
-            **dict(zip(REQUEST_FIELDS, (*VALUES[:-1], 0.123), strict=True)),
-        }
+    ours = RequestMetrics("mcp_gateway", registry, (0.001, 0.01))
+    reference = Histogram(
+        "d", "d", ["upstream", "method", "cache"], registry=CollectorRegistry(), buckets=(0.001, 0.01)
     )
-    assert line == expected
+    records = [
+        record((f"up{i % 11}", "tools/list", "POST", 200, None, "hit", None, i / 7000), "hit") for i in range(300)
+    ]
+    ours.add(records)
+    for r in records:
+        reference.labels(r[0], r[1], r[5]).observe(r[7])
+    for i in range(11):
+        series = ours._durations[(f"up{i}", "tools/list", "hit")]
+        assert series[-1] == pytest.approx(reference.labels(f"up{i}", "tools/list", "hit")._sum.get())
+        assert sum(series[:-1]) == len([r for r in records if r[0] == f"up{i}"])
