@@ -81,7 +81,8 @@ def create_app(
             auto_decompress=True,
         )
         for name, up_config in config.upstreams.items():
-            upstreams[name] = Upstream(name, up_config, session)
+            upstream = upstreams[name] = Upstream(name, up_config, session)
+            metrics.inflight.labels(name).set_function(_inflight_of(upstream))
         app[READY][0] = True
         yield
         app[READY][0] = False
@@ -119,6 +120,11 @@ def create_app(
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", _purge)
     return app
+
+
+def _inflight_of(upstream: Upstream) -> Callable[[], float]:
+    """``mcp_gateway_inflight_requests{upstream}``, read when scraped."""
+    return lambda: upstream.inflight
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -32,8 +32,10 @@ BATCH_RECORDS: Final = 256
 
 #: One finished request, a plain tuple (gateway.accesslog, "Request records"):
 #: ``(upstream, method, http_method, status, jsonrpc_error, cache, cache_status, seconds,
-#: lookup, ended)``; ``seconds`` is the duration, ``ended`` ``time.perf_counter()`` at the end.
-RequestRecord = tuple[str, str, str, int, "int | None", str, "str | None", float, "str | None", float]
+#: lookup, ended, upstream_seconds)``; ``seconds`` is the duration, ``ended``
+#: ``time.perf_counter()`` at the end, ``upstream_seconds`` the time the upstream took
+#: (``None`` if it was not asked).
+RequestRecord = tuple[str, str, str, int, "int | None", str, "str | None", float, "str | None", float, "float | None"]
 
 _INFO: Final = logging.INFO
 

@@ -14,7 +14,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -28,8 +28,9 @@ class RequestMetrics:
     custom collector).
 
     Families (README "Metrics"): ``mcp_gateway_requests_total{upstream,method,status}``,
-    ``mcp_gateway_request_duration_seconds{upstream,method,cache}`` (a histogram, seconds) and
-    ``mcp_gateway_cache_lookups_total{upstream,method,result}``.
+    ``mcp_gateway_request_duration_seconds{upstream,method,cache}`` (a histogram, seconds),
+    ``mcp_gateway_cache_lookups_total{upstream,method,result}`` and
+    ``mcp_gateway_upstream_request_duration_seconds{upstream,method}`` (a histogram, seconds).
 
     Why not ``Counter``/``Histogram``: each of their updates takes a lock and a histogram
     walks its bounds in Python, together a sizeable part of answering a cache hit (bench/).
@@ -50,6 +51,8 @@ class RequestMetrics:
         self._lookups_created: dict[tuple[str, str, str], float] = {}
         #: (upstream, method, cache) -> [count per bucket..., count above every bound, sum]
         self._durations: dict[tuple[str, str, str], list[float]] = {}
+        #: (upstream, method) -> the same, for the time upstreams took
+        self._upstream_durations: dict[tuple[str, str], list[float]] = {}
         #: Called first thing on every collect (and by :meth:`requests`/:meth:`lookups`).
         self.before_collect: Callable[[], None] | None = None
         registry.register(self)
@@ -58,12 +61,15 @@ class RequestMetrics:
         """Add up a batch of request records (gateway.accesslog, "Request records"): items
         0 ``upstream``, 1 ``method``, 3 HTTP ``status``, 5 ``cache`` label (hit/miss/bypass),
         7 duration in seconds, 8 cache ``lookup`` result (hit/miss/coalesced/bypass, ``None``
-        when the cache was not asked)."""
+        when the cache was not asked), 10 the seconds the upstream took (``None`` when the
+        request was not forwarded)."""
         if not records:
             return
         now = time.time()
         columns = list(zip(*records, strict=True))
-        upstream, method, status, cache, seconds, lookup = (columns[i] for i in (0, 1, 3, 5, 7, 8))
+        upstream, method, status, cache, seconds, lookup, upstream_seconds = (
+            columns[i] for i in (0, 1, 3, 5, 7, 8, 10)
+        )
         # le is inclusive: bisect_left puts a value equal to a bound in that bound's bucket.
         buckets = map(bisect_left, itertools.repeat(self._bounds), seconds)
         # One C-level count of every kind of request in the batch (a batch holds few kinds),
@@ -91,6 +97,25 @@ class RequestMetrics:
             series[bucket] += count
         for key, total in _sums(list(zip(upstream, method, cache, strict=True)), seconds).items():
             durations[key][-1] += total
+        forwarded = list(map(operator.is_not, upstream_seconds, itertools.repeat(None)))
+        if any(forwarded):
+            self._observe(
+                self._upstream_durations,
+                list(itertools.compress(zip(upstream, method, strict=True), forwarded)),
+                list(itertools.compress(upstream_seconds, forwarded)),
+            )
+
+    def _observe(self, store: dict[Any, list[float]], keys: list[Any], values: list[float]) -> None:
+        """Histogram observations ``values`` (seconds) by label values ``keys``."""
+        width = len(self._bounds) + 2
+        buckets = map(bisect_left, itertools.repeat(self._bounds), values)
+        for (key, bucket), count in collections.Counter(zip(keys, buckets, strict=True)).items():
+            series = store.get(key)
+            if series is None:
+                series = store[key] = [0.0] * width
+            series[bucket] += count
+        for key, total in _sums(keys, values).items():
+            store[key][-1] += total
 
     def requests(self, upstream: str, method: str, status: int) -> int:
         """``mcp_gateway_requests_total`` of one series (every request recorded so far)."""
@@ -102,7 +127,9 @@ class RequestMetrics:
         self._before_collect()
         return self._lookups.get((upstream, method, result), 0)
 
-    def _families(self) -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily]:
+    def _families(
+        self,
+    ) -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily, HistogramMetricFamily]:
         ns = self._ns
         return (
             CounterMetricFamily(
@@ -120,6 +147,11 @@ class RequestMetrics:
                 "Cache lookups by result: hit, miss, coalesced, bypass.",
                 labels=("upstream", "method", "result"),
             ),
+            HistogramMetricFamily(
+                f"{ns}_upstream_request_duration_seconds",
+                "Time an upstream took to answer, in seconds.",
+                labels=("upstream", "method"),
+            ),
         )
 
     def describe(self) -> Iterator[Metric]:
@@ -131,29 +163,31 @@ class RequestMetrics:
 
     def collect(self) -> Iterator[Metric]:
         self._before_collect()
-        requests, durations, lookups = self._families()
+        requests, durations, lookups, upstream_durations = self._families()
         for key, count in self._requests.items():
             requests.add_metric(key, count, created=self._requests_created[key])
         for key, count in self._lookups.items():
             lookups.add_metric(key, count, created=self._lookups_created[key])
-        for key, series in self._durations.items():
-            cumulative, buckets = 0.0, []
-            for le, in_bucket in zip(self._le, series[:-1], strict=True):
-                cumulative += in_bucket
-                buckets.append((le, cumulative))
-            durations.add_metric(key, buckets, sum_value=series[-1])
+        for family, store in ((durations, self._durations), (upstream_durations, self._upstream_durations)):
+            for labels, series in store.items():
+                cumulative, buckets = 0.0, []
+                for le, in_bucket in zip(self._le, series[:-1], strict=True):
+                    cumulative += in_bucket
+                    buckets.append((le, cumulative))
+                family.add_metric(labels, buckets, sum_value=series[-1])
         yield requests
         yield durations
         yield lookups
+        yield upstream_durations
 
 
-def _sums(keys: list[tuple[str, str, str]], values: Sequence[float]) -> dict[tuple[str, str, str], float]:
+def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
     """The sum of ``values`` by key. A batch holds a few kinds of request: one C-level pass
     per key then, a Python loop for more."""
     distinct = set(keys)
     if len(distinct) <= 8:
         return {key: sum(itertools.compress(values, map(operator.eq, keys, itertools.repeat(key)))) for key in distinct}
-    sums: dict[tuple[str, str, str], float] = {}
+    sums: dict[Any, float] = {}
     for key, value in zip(keys, values, strict=True):
         sums[key] = sums.get(key, 0.0) + value
     return sums
@@ -183,14 +217,6 @@ class GatewayMetrics:
         )
         self.cache_entries = Gauge("cache_entries", "Entries in the cache.", namespace=ns, registry=registry)
         self.cache_bytes = Gauge("cache_bytes", "Bytes of results in the cache.", namespace=ns, registry=registry)
-        self.upstream_request_duration = Histogram(
-            "upstream_request_duration_seconds",
-            "Time an upstream took to answer, in seconds.",
-            ["upstream", "method"],
-            namespace=ns,
-            registry=registry,
-            buckets=_LATENCY_BUCKETS,
-        )
         self.upstream_up = Gauge(
             "upstream_up",
             "1 when the last probe of the upstream succeeded.",
@@ -205,6 +231,7 @@ class GatewayMetrics:
             namespace=ns,
             registry=registry,
         )
+        # Read at scrape time from each Upstream's count (gateway.app binds them).
         self.inflight = Gauge(
             "inflight_requests",
             "Requests being forwarded to the upstream now.",

@@ -32,6 +32,7 @@ from .protocol import (
     SSEParser,
     id_json,
     loads,
+    loads_relayed,
     method_label,
     parse_request,
     response_id_matches,
@@ -85,7 +86,8 @@ class _Outcome:
     ``cache`` is the ``cache`` label of the duration histogram (hit, miss, bypass); ``lookup``
     the cache lookup result (hit, miss, coalesced, bypass; ``None`` if the cache was not
     asked); ``cache_status`` the ``Cache-Status`` value answered (or to answer); ``entry`` the
-    cache entry stored from this request's upstream answer, if any. The defaults are class
+    cache entry stored from this request's upstream answer, if any; ``upstream_seconds`` the
+    time the upstream took (seconds), if it was asked. The defaults are class
     attributes: one is built per request, and a cache hit sets three fields.
     """
 
@@ -96,6 +98,7 @@ class _Outcome:
     cache_status: str | None = None
     entry: CacheEntry | None = None
     disconnected: bool = False
+    upstream_seconds: float | None = None
 
     def __init__(self, upstream: str, method: str = "other") -> None:
         self.upstream = upstream
@@ -207,8 +210,6 @@ class Proxy:
         self.journal = RequestJournal(metrics.request_metrics, access_log)
         self._add_record = self.journal.add
         self._stores = _Children(metrics.cache_stores.labels)
-        self._upstream_durations = _Children(metrics.upstream_request_duration.labels)
-        self._inflight = _Children(metrics.inflight.labels)
         #: Called as ``on_success(upstream, protocol_version)`` after an upstream answered a
         #: modern request with a JSON-RPC result (the registry's "observed" versions).
         self.on_success: Callable[[str, str], None] | None = None
@@ -410,9 +411,7 @@ class Proxy:
         except GatewayError as err:
             err.request_id = parsed.request_id if parsed else None
             raise
-        gauge = self._inflight[(upstream.name,)]
-        upstream.inflight += 1
-        gauge.inc()
+        upstream.inflight += 1  # mcp_gateway_inflight_requests reads it
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
@@ -433,8 +432,7 @@ class Proxy:
             raise
         finally:
             upstream.inflight -= 1
-            gauge.dec()
-            self._upstream_durations[upstream.name, outcome.method].observe(time.perf_counter() - started)
+            outcome.upstream_seconds = time.perf_counter() - started
 
     def _passthrough_headers(self, resp: aiohttp.ClientResponse, cache_status: str) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
@@ -458,11 +456,12 @@ class Proxy:
         message: object = None
         expects_response = parsed is not None and parsed.kind == "request"
         if expects_response and (200 <= status < 300 or status >= 500):
+            assert parsed is not None
             try:
-                message = loads(data)
+                # Only an answer to store is parsed exactly; a relayed one for its envelope.
+                message = loads(data) if key is not None else loads_relayed(data, parsed.request_id)
             except ValueError:
                 message = None
-            assert parsed is not None
             if not response_id_matches(message, parsed.request_id):
                 raise BadGateway(
                     f"upstream {upstream.name} answered HTTP {status} without a JSON-RPC response to this request"
@@ -604,5 +603,6 @@ class Proxy:
                 ended - started,
                 outcome.lookup,
                 ended,
+                outcome.upstream_seconds,
             )
         )

@@ -50,6 +50,20 @@ _CHUNK: Final = 64 * 1024
 _UNFORWARDABLE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]")
 
 
+#: Header name as sent -> its lower-case form if it may be forwarded (``authorization``
+#: subject to the upstream's configuration), else "": names repeat from request to request.
+_FORWARDED: dict[str, str] = {}
+
+
+def _forwarded(name: str) -> str:
+    low = name.lower()
+    forwarded = low if low in REQUEST_HEADERS or low.startswith(_PARAM_PREFIX) or low == "authorization" else ""
+    if len(_FORWARDED) >= 1024:
+        _FORWARDED.clear()
+    _FORWARDED[name] = forwarded
+    return forwarded
+
+
 class Upstream:
     """One configured upstream, sharing the app's ``aiohttp.ClientSession``.
 
@@ -79,20 +93,21 @@ class Upstream:
         """
         out: CIMultiDict[str] = CIMultiDict()
         spelling: dict[str, str] = {}
+        with_authorization = allow_authorization and self.config.forward_authorization
         for name, value in incoming.items():
-            low = name.lower()
+            low = _FORWARDED.get(name)
+            if low is None:
+                low = _forwarded(name)
+            if not low or (low == "authorization" and not with_authorization):
+                continue
             # One spelling per header: aiohttp's client keeps repeated headers only when
             # their names are spelled alike, and would let a later "mcp-name" replace an
             # earlier "Mcp-Name".
             name = spelling.setdefault(low, name)
-            if (
-                low in REQUEST_HEADERS
-                or low.startswith(_PARAM_PREFIX)
-                or (low == "authorization" and allow_authorization and self.config.forward_authorization)
-            ):
-                if _UNFORWARDABLE.search(value):
-                    raise HeaderMismatch(f"Header mismatch: {name} has bytes that cannot be forwarded unchanged")
-                out.add(name, value)
+            # Visible ASCII (the usual value) is forwardable as it is; else the full check.
+            if not (value.isascii() and value.isprintable()) and _UNFORWARDABLE.search(value):
+                raise HeaderMismatch(f"Header mismatch: {name} has bytes that cannot be forwarded unchanged")
+            out.add(name, value)
         for name, value in self.config.headers.items():
             out[name] = value
         return out

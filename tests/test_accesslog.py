@@ -28,9 +28,15 @@ from gateway.metrics import RequestMetrics
 VALUES: tuple[Any, ...] = ("up", "tools/list", "POST", 200, None, "hit", "mcp-gateway; hit; ttl=59", 0.0001234)
 
 
-def record(values: tuple[Any, ...] = VALUES, lookup: str | None = "hit", ended: float | None = None) -> tuple[Any, ...]:
-    """A request record: REQUEST_FIELDS values (duration in seconds), lookup, perf_counter end."""
-    return (*values, lookup, time.perf_counter() if ended is None else ended)
+def record(
+    values: tuple[Any, ...] = VALUES,
+    lookup: str | None = "hit",
+    ended: float | None = None,
+    upstream_seconds: float | None = None,
+) -> tuple[Any, ...]:
+    """A request record: REQUEST_FIELDS values (duration in seconds), lookup, perf_counter
+    end, upstream seconds."""
+    return (*values, lookup, time.perf_counter() if ended is None else ended, upstream_seconds)
 
 
 RECORD = record()
@@ -285,6 +291,18 @@ def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None
         records.append(record((upstream, method, "POST", status, None, cache, None, seconds), lookup))
         requests.labels(upstream, method, str(status)).inc()
         durations.labels(upstream, method, cache).observe(seconds)
+    upstream_durations = Histogram(
+        "upstream_request_duration_seconds",
+        "Time an upstream took to answer, in seconds.",
+        ["upstream", "method"],
+        namespace="mcp_gateway",
+        registry=reference_registry,
+        buckets=(0.001, 0.01, 0.1),
+    )
+    for i, r in enumerate(records):
+        if r[3] == 502 or i % 2:  # forwarded
+            records[i] = (*r[:-1], r[7] / 3)
+            upstream_durations.labels(r[0], r[1]).observe(r[7] / 3)
     ours.add(records[:4])  # in two batches
     ours.add(records[4:])
 
@@ -297,7 +315,8 @@ def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None
             if s.name.startswith(prefix) and not s.name.endswith("_created")
         }
 
-    for prefix in ("mcp_gateway_requests", "mcp_gateway_request_duration_seconds"):
+    prefixes = ("mcp_gateway_requests", "mcp_gateway_request_duration_seconds", "mcp_gateway_upstream_request")
+    for prefix in prefixes:
         assert samples(ours_registry, prefix) == pytest.approx(samples(reference_registry, prefix))
     assert ours.requests("up", "tools/list", 200) == 5
     assert ours.lookups("up", "tools/list", "hit") == 5

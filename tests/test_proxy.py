@@ -18,6 +18,7 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.accesslog import ACCESS_LOGGER, AccessLogHandler
 from gateway.app import STORE, create_app
@@ -570,6 +571,42 @@ async def test_inflight_limit_answers_503_with_retry_after(make_env: Any) -> Non
     assert second.headers["Retry-After"] == "1"
     release.set()
     assert (await first).status == 200
+
+
+async def test_inflight_gauge_and_upstream_durations_in_metrics(make_env: Any) -> None:
+    """mcp_gateway_inflight_requests is read when scraped; the time the upstream took reaches
+    mcp_gateway_upstream_request_duration_seconds with the request's batch."""
+    env = await make_env()
+    release = asyncio.Event()
+
+    async def slow(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+        await release.wait()
+        return web.json_response(
+            {"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [], "resultType": "complete"}}
+        )
+
+    def sample(text: str, name: str) -> float | None:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == name and s.labels.get("upstream") == "up":
+                    return float(s.value)
+        return None
+
+    env.upstream.handlers["tools/call"] = slow
+    text = await (await env.client.get("/metrics")).text()
+    assert sample(text, "mcp_gateway_inflight_requests") == 0  # every upstream, from the start
+    call = asyncio.create_task(env.post(rpc("tools/call", name="x"), headers=mcp_headers("tools/call", name="x")))
+    while not env.upstream.requests:  # noqa: ASYNC110 - waiting for the upstream to see the request
+        await asyncio.sleep(0.01)
+    text = await (await env.client.get("/metrics")).text()
+    assert sample(text, "mcp_gateway_inflight_requests") == 1
+    await asyncio.sleep(0.05)
+    release.set()
+    assert (await call).status == 200
+    text = await (await env.client.get("/metrics")).text()
+    assert sample(text, "mcp_gateway_inflight_requests") == 0
+    assert sample(text, "mcp_gateway_upstream_request_duration_seconds_count") == 1
+    assert sample(text, "mcp_gateway_upstream_request_duration_seconds_sum") >= 0.05  # type: ignore[operator]
 
 
 async def test_admin_purge_requires_the_token_and_counts_removed_entries(make_env: Any) -> None:
