@@ -18,9 +18,15 @@ from typing import Any, Final, Literal
 import orjson
 from multidict import MultiMapping, istr
 
+try:  # the ``speed`` extra: relayed answers are checked without building their result
+    import simdjson
+except ImportError:  # pragma: no cover - exercised by forcing _ENVELOPE_PARSER to None
+    simdjson = None  # type: ignore[assignment]
+
 __all__ = [
     "CACHEABLE_METHODS",
     "CLIENT_CAPABILITIES_KEY",
+    "ENVELOPE_MIN_BYTES",
     "KNOWN_METHODS",
     "LEGACY_VERSIONS",
     "MODERN_VERSION",
@@ -222,20 +228,59 @@ def loads_relayed(data: bytes, request_id: object) -> Any:
     """Parse an upstream answer that is relayed, not stored, for its envelope: ``jsonrpc``,
     ``id`` and ``error.code`` (the bytes relayed are the upstream's own).
 
-    orjson alone, without :func:`loads`'s scan for long integers (~30 µs on a 19 KB
-    ``tools/list``): an integer beyond 64 bits comes back as a float, which changes nothing
-    here unless the request's id is such an integer (then :func:`loads`). A float error code
-    is not logged as a code.
+    A success of ``ENVELOPE_MIN_BYTES`` or more, with simdjson installed (the ``speed``
+    extra), comes back as ``{"jsonrpc", "id", "result": True}`` (the members present): the
+    whole document is validated, the result is not built (~15 µs instead of ~110 µs for a
+    19 KB ``tools/list``). Anything else (errors, duplicate or odd top-level members, what
+    simdjson refuses) is parsed by orjson, without :func:`loads`'s scan for long integers:
+    an integer beyond 64 bits comes back as a float, which changes nothing here unless the
+    request's id is such an integer (then :func:`loads`). A float error code is not logged
+    as a code.
 
     Raises:
         ValueError: not JSON.
     """
     if type(request_id) is int and not _INT64_MIN <= request_id <= _UINT64_MAX:
         return loads(data)
+    if _ENVELOPE_PARSER is not None and len(data) >= ENVELOPE_MIN_BYTES:
+        envelope = _envelope(_ENVELOPE_PARSER, data)
+        if envelope is not None:
+            return envelope
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
         return loads(data)  # what orjson refuses but JSON allows (lone surrogate escapes)
+
+
+#: Relayed answers from this size on are checked with simdjson, when installed.
+ENVELOPE_MIN_BYTES: Final = 2048
+_ENVELOPE_PARSER: Any = simdjson.Parser() if simdjson is not None else None
+_ENVELOPE_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+def _envelope(parser: Any, data: bytes) -> dict[str, Any] | None:
+    """The envelope of a JSON-RPC success in ``data``, or ``None`` to let orjson decide."""
+    try:
+        doc = parser.parse(data)
+    except (ValueError, RuntimeError):  # not JSON to simdjson, or a number beyond 64 bits
+        return None
+    try:
+        if not isinstance(doc, simdjson.Object) or "error" in doc or "result" not in doc:
+            return None
+        keys = list(doc.keys())
+        if len(keys) != len(set(keys)):
+            return None  # duplicate members: orjson keeps the last, simdjson the first
+        envelope: dict[str, Any] = {"result": True}
+        for name in ("jsonrpc", "id"):
+            if name in doc:
+                value = doc[name]
+                if type(value) not in _ENVELOPE_SCALARS:
+                    return None  # an object or array (no JSON-RPC answer has one there)
+                envelope[name] = value
+        return envelope
+    finally:
+        # The parser is reused: nothing may keep a reference into this document.
+        del doc
 
 
 _INT64_MIN: Final = -(2**63)

@@ -156,6 +156,14 @@ class Upstream:
         limit = self.config.max_response_bytes
         if resp.content_length is not None and resp.content_length > limit:
             raise BadGateway(f"upstream {self.name} response exceeds {limit} bytes")
+        content = resp.content
+        if content.is_eof() and content.exception() is None:
+            # The whole body came with the headers (the usual case on a LAN): no waiting,
+            # so no timer to arm.
+            data = content.read_nowait()
+            if len(data) > limit:
+                raise BadGateway(f"upstream {self.name} response exceeds {limit} bytes")
+            return data
         chunks: list[bytes] = []
         size = 0
         try:

@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from gateway import protocol
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
 from gateway.protocol import (
@@ -325,6 +326,68 @@ def test_parse_request_returns_a_parsed_request_or_raises_a_gateway_error(body: 
     assert parsed.kind in ("request", "notification", "response")
     if parsed.cache_bypass is None:  # a cacheable request is one the gateway fully validated
         assert parsed.kind == "request" and parsed.era == "modern" and parsed.method in (*CACHEABLE, "resources/read")
+
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+json_values = st.recursive(
+    json_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+)
+envelope_members = st.fixed_dictionaries(
+    {},
+    optional={
+        "jsonrpc": st.sampled_from(["2.0", "1.0"]) | json_values,
+        "id": st.sampled_from([1, 7, "a"]) | json_values,
+        "result": json_values,
+        "error": st.fixed_dictionaries({"code": json_values, "message": st.text(max_size=5)}) | json_values,
+    },
+)
+
+
+@given(
+    members=st.lists(st.tuples(st.sampled_from(["jsonrpc", "id", "result", "error", "x"]), json_values), max_size=5)
+    | envelope_members.map(lambda d: list(d.items())),
+    request_id=st.sampled_from([1, 7, "a", 2**64, -(2**63) - 1]),
+    pad=st.booleans(),
+    simdjson=st.booleans(),
+)
+@example(members=[("jsonrpc", "2.0"), ("id", 7), ("id", 1), ("result", {})], request_id=1, pad=True, simdjson=True)
+@example(
+    members=[("jsonrpc", "2.0"), ("id", 1), ("result", {}), ("error", {"code": 3})],
+    request_id=1,
+    pad=True,
+    simdjson=True,
+)
+@example(members=[("jsonrpc", "2.0"), ("id", 2**64), ("result", [])], request_id=2**64, pad=True, simdjson=True)
+@example(members=[("jsonrpc", "2.0"), ("id", 1), ("error", {"code": 2**70})], request_id=1, pad=True, simdjson=True)
+@settings(max_examples=1500, deadline=None)
+def test_a_relayed_answer_is_judged_as_the_exact_parse_judges_it(
+    members: list[tuple[str, Any]], request_id: object, pad: bool, simdjson: bool
+) -> None:
+    """loads_relayed (simdjson envelope or orjson alone) reaches the proxy's decisions of the
+    exact parse: whether it answers the request, and the logged error code (within 64 bits)."""
+    if pad:  # over ENVELOPE_MIN_BYTES, so that simdjson, when installed, is used
+        members = [*members, ("padding", "p" * protocol.ENVELOPE_MIN_BYTES)]
+    # Duplicate members are written as they are (json.dumps of pairs would keep the last).
+    data = ("{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in members) + "}").encode()
+    with pytest.MonkeyPatch.context() as patch:
+        if not simdjson:
+            patch.setattr(protocol, "_ENVELOPE_PARSER", None)
+        relayed = protocol.loads_relayed(data, request_id)
+    exact = protocol.loads(data)
+    assert protocol.response_id_matches(relayed, request_id) == protocol.response_id_matches(exact, request_id)
+
+    def code(message: Any) -> object:
+        error = message.get("error") if isinstance(message, dict) else None
+        value = error.get("code") if isinstance(error, dict) else None
+        return value if type(value) is int and -(2**63) <= value < 2**64 else None
+
+    assert code(relayed) == code(exact)
 
 
 @PURE_SETTINGS
@@ -687,8 +750,18 @@ def _not_utf8(value: bytes) -> bool:
 #: Request headers the gateway passes upstream (README "What the gateway does to a request").
 FORWARDED_HEADERS = frozenset(
     h.lower().encode()
-    for h in ("MCP-Protocol-Version", "Mcp-Method", "Mcp-Name", "Accept", "Content-Type", "Mcp-Session-Id",
-              "Last-Event-ID", "traceparent", "tracestate", "baggage")
+    for h in (
+        "MCP-Protocol-Version",
+        "Mcp-Method",
+        "Mcp-Name",
+        "Accept",
+        "Content-Type",
+        "Mcp-Session-Id",
+        "Last-Event-ID",
+        "traceparent",
+        "tracestate",
+        "baggage",
+    )
 )
 
 
