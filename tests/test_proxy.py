@@ -18,8 +18,10 @@ import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import proxy as proxy_module
 from gateway.accesslog import ACCESS_LOGGER, AccessLogHandler
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
@@ -188,6 +190,38 @@ async def test_oversized_body_is_413_and_the_gateway_keeps_serving(make_env: Any
     assert (await resp.json())["error"]["code"] == -32600
     ok = await env.post(rpc("tools/list"))
     assert ok.status == 200
+
+
+@pytest.mark.parametrize("size", [900, 5000])
+async def test_a_body_sent_in_pieces_is_read_whole_and_bounded(make_env: Any, size: int) -> None:
+    """A chunked body that arrives over time takes aiohttp's read(); one that came whole
+    is taken from the buffer. Both answer the same, and both are bounded."""
+    env = await make_env(listener={"max_body_bytes": 1000})
+    body = orjson.dumps(rpc("tools/list", id_=5, pad="x" * (size - 180)))
+
+    async def pieces() -> Any:
+        for at in range(0, len(body), 100):
+            yield body[at : at + 100]
+            await asyncio.sleep(0.01)
+
+    whole = await env.post(None, raw=body, headers=mcp_headers("tools/list"))
+    chunked = await env.client.post("/servers/up/mcp", data=pieces(), headers=mcp_headers("tools/list"))
+    if size > 1000:
+        assert whole.status == chunked.status == 413
+        assert (await whole.json())["error"]["code"] == (await chunked.json())["error"]["code"] == -32600
+    else:
+        assert whole.status == chunked.status == 200
+        assert (await whole.json())["id"] == (await chunked.json())["id"] == 5
+
+
+def test_cache_hits_are_answered_with_the_lean_response_on_this_aiohttp() -> None:
+    """_CachedResponse must build what web.Response builds; if an aiohttp release changed
+    that, hits would fall back to web.Response: this test says so first."""
+    headers = CIMultiDict({"Content-Type": "application/json", "Cache-Status": "mcp-gateway; hit; ttl=5"})
+    assert proxy_module._LEAN_RESPONSES
+    lean = proxy_module._CachedResponse(b'{"a":1}', headers.copy())
+    assert vars(lean) == vars(web.Response(body=b'{"a":1}', headers=headers))
+    assert isinstance(lean, web.Response) and lean.status == 200 and lean.body == b'{"a":1}'
 
 
 # -- upstream failures --------------------------------------------------------------------------
