@@ -116,11 +116,16 @@ class AccessLogHandler(logging.Handler):
         for record in records:
             try:
                 key = record[:_SECONDS]
-                try:
-                    text = fields_text.get(key)
-                except TypeError:  # an unhashable value (the proxy passes none)
-                    text = None
-                if text is None:
+                status, error = record[3], record[4]
+                if type(status) is int and (error is None or type(error) is int):
+                    try:
+                        text = fields_text.get(key)
+                    except TypeError:  # an unhashable value (the proxy passes none)
+                        text = None
+                    if text is None:
+                        text = self._fields(key)
+                else:
+                    # Not looked up: True == 1 and 1.0 == 1 would find another line's text.
                     text = self._fields(key)
                 ended = record[_ENDED] + offset
                 second = int(ended)
@@ -171,14 +176,16 @@ class AccessLogHandler(logging.Handler):
             try:
                 dumped = orjson.dumps(line, default=str)
             except TypeError:  # integers beyond 64 bits
-                dumped = json.dumps(line, default=str, separators=(",", ":"), ensure_ascii=False).encode()
-            fields = '"level":"INFO","name":"' + ACCESS_LOGGER + '","message":"request",' + dumped.decode()[1:-1] + ","
-        try:
-            if len(self._fields_text) >= 4096:
-                self._fields_text.clear()
-            self._fields_text[values] = fields
-        except TypeError:  # an unhashable value: not remembered
-            pass
+                try:
+                    dumped = json.dumps(
+                        line, default=str, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+                    ).encode()
+                except ValueError:  # and NaN or an infinity: no JSON for them, their text
+                    dumped = orjson.dumps({k: str(v) for k, v in line.items()})
+            return '"level":"INFO","name":"' + ACCESS_LOGGER + '","message":"request",' + dumped.decode()[1:-1] + ","
+        if len(self._fields_text) >= 4096:
+            self._fields_text.clear()
+        self._fields_text[values] = fields  # only values of the exact types above
         return fields
 
     def write(self, fields: dict[str, Any]) -> None:
@@ -267,7 +274,7 @@ class AccessLogHandler(logging.Handler):
 def _odd_json(value: Any) -> str:
     """JSON text of a duration that is not a float: milliseconds for seconds given as an
     integer, anything else as it is."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, (int, float)):  # seconds (a bool as 0 or 1, as it always was)
         value = round(value * 1000, 3)
     try:
         return orjson.dumps(value, default=str).decode()

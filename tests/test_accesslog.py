@@ -127,6 +127,24 @@ def test_values_of_unexpected_types_still_make_a_valid_line() -> None:
     assert (fourth["cache"], fourth["duration_ms"]) == ({"un": "hashable"}, None)
 
 
+@pytest.mark.parametrize("first", [1, True])
+def test_equal_values_of_other_types_keep_their_own_text(first: object) -> None:
+    """True == 1 == 1.0: the memo of a line's fields must not hand one's text to another."""
+    out = io.StringIO()
+    handler = AccessLogHandler(out)
+    second = True if first is not True else 1
+    values = [(*VALUES[:4], error, *VALUES[5:]) for error in (first, second)]
+    values.append(("up", "tools/list", "POST", 200.0, None, "hit", None, 0.1))
+    values.append(("up", "tools/list", "POST", 200, None, "hit", None, 0.1))
+    values.append((float("nan"), "tools/list", "POST", 200, -(2**63) - 1, "hit", None, 0.1))
+    handler.write_requests([record(v) for v in values])
+    lines = out.getvalue().splitlines()
+    assert [json.loads(line)["jsonrpc_error"] for line in lines[:2]] == [first, second]
+    assert [type(json.loads(line)["jsonrpc_error"]) for line in lines[:2]] == [type(first), type(second)]
+    assert '"status":200.0' in lines[2] and '"status":200,' in lines[3]
+    assert json.loads(lines[4])["upstream"] == "nan"  # no NaN token: every line is JSON
+
+
 def test_a_line_that_cannot_be_formatted_is_dropped_and_the_rest_are_written(capsys: Any) -> None:
     out = io.StringIO()
     handler = AccessLogHandler(out)
