@@ -77,8 +77,9 @@ def make_key(
     Raises:
         ValueError: the params hold a non-finite number (such a request is not cached).
     """
-    assert request.method is not None and request.version is not None and request.params is not None
-    params = request.params
+    # A cacheable request always has method, version and params (parse_request); no assert:
+    # this runs on every cache hit.
+    params: Mapping[str, Any] = request.params  # type: ignore[assignment]
     meta = params.get("_meta")
     if len(params) == 1 and meta is not None:
         rest = _NO_PARAMS  # the usual list request: nothing but _meta

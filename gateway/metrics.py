@@ -185,6 +185,8 @@ def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
     """The sum of ``values`` by key. A batch holds a few kinds of request: one C-level pass
     per key then, a Python loop for more."""
     distinct = set(keys)
+    if len(distinct) == 1:
+        return {keys[0]: sum(values)}  # the usual batch: one kind of request
     if len(distinct) <= 8:
         return {key: sum(itertools.compress(values, map(operator.eq, keys, itertools.repeat(key)))) for key in distinct}
     sums: dict[Any, float] = {}

@@ -355,6 +355,8 @@ def decode_header_value(value: str) -> str | None:
             return base64.b64decode(payload, validate=True).decode("utf-8")
         except (binascii.Error, ValueError):
             return None
+    if value.isascii() and value.isprintable():  # space to "~": the usual value, in C
+        return value
     if not all(ch in "\t " or "!" <= ch <= "~" for ch in value):
         return None
     return value
