@@ -600,9 +600,9 @@ def forwarding_runs(
         method = label.split()[0]
         row: dict[str, Any] = {}
         runs: dict[str, list[dict[str, Any]]] = {}
-        # Latency: direct and gateway alternate for `rounds` rounds; the added latency is the
+        # Latency: direct and gateway alternate for `fwd_rounds` rounds; the added latency is the
         # median over rounds of (gateway - direct), so slow spells on the machine cancel out.
-        plan = [("latency", 1)] * opts.rounds + [("throughput", opts.fwd_connections)]
+        plan = [("latency", 1)] * opts.fwd_rounds + [("throughput", opts.fwd_connections)]
         for mode, conns in plan:
             for target, url in (("direct", direct_url), ("gateway", via)):
                 log(f"[workers={n}] forwarding {label}: {target}, {conns} connection(s)")
@@ -791,6 +791,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="seconds per cached wrk run (default 3; quick 2)")
     p.add_argument("--fwd-duration", type=float, help="seconds per forwarding wrk run (default 2; quick 2)")
     p.add_argument("--rounds", type=int, help="alternating floor/gateway rounds for cached runs (default 3; quick 1)")
+    p.add_argument(
+        "--fwd-rounds",
+        type=int,
+        help="alternating direct/gateway rounds for forwarding latency (default 5; quick 1): the added"
+        " latency is their median, and a 1-connection p50 moves by tenths of a ms from run to run here",
+    )
     p.add_argument("--connections", type=int, default=32, help="wrk connections for cached runs (default 32)")
     p.add_argument("--fwd-connections", type=int, default=8, help="wrk connections, forwarding throughput")
     p.add_argument("--memory-entries", type=int, help="entries for the memory figure (default 10000; quick 2000)")
@@ -821,6 +827,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     opts.duration = opts.duration or (2.0 if opts.quick else 3.0)
     opts.fwd_duration = opts.fwd_duration or 2.0
     opts.rounds = opts.rounds or (1 if opts.quick else 3)
+    opts.fwd_rounds = opts.fwd_rounds or (1 if opts.quick else 5)
     opts.memory_entries = opts.memory_entries or (2000 if opts.quick else 10_000)
     return opts
 
@@ -863,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": opts.duration,
             "fwd_duration_s": opts.fwd_duration,
             "rounds": opts.rounds,
+            "fwd_rounds": opts.fwd_rounds,
             "connections": opts.connections,
             "fwd_connections": opts.fwd_connections,
             "gateway_log_level": opts.log_level,
