@@ -6,17 +6,16 @@ than answering a cache hit, so ``mcp-gateway serve --log-format json`` puts an
 :class:`AccessLogHandler` on that logger, and the request journal (gateway.journal) hands it
 request records in batches (:meth:`AccessLogHandler.write_requests`), formatted from a
 template and written in one go. Records that reach the handler through ``logging`` get the
-same shape, in batches too (every 50 ms or 512 lines). Anyone who configures other handlers
-on the logger gets the ordinary ``logging`` path.
+same shape, written one by one. Anyone who configures other handlers on the logger gets the
+ordinary ``logging`` path.
 
 Request records are plain tuples: the values of :data:`REQUEST_FIELDS` in that order (with
-``duration_ms`` given in seconds), then the cache lookup result (not logged) and the
-``time.perf_counter()`` at which the request ended.
+``duration_ms`` given in seconds), then the cache lookup result (not logged), the
+``time.perf_counter()`` at which the request ended, and what else gateway.journal records.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -33,10 +32,6 @@ __all__ = ["ACCESS_LOGGER", "REQUEST_FIELDS", "AccessLogHandler", "direct_handle
 
 ACCESS_LOGGER: Final = "mcp_gateway.access"
 
-#: Queued lines are written this long after the first of them (seconds) ...
-FLUSH_DELAY_S: Final = 0.05
-#: ... or at once when this many lines are queued.
-FLUSH_LINES: Final = 512
 #: The fields of a request line, in the order of a request record (see module).
 REQUEST_FIELDS: Final = (
     "upstream",
@@ -84,22 +79,20 @@ _THREE_DIGITS: Final = tuple(f"{i:03d}" for i in range(1000))
 
 
 class AccessLogHandler(logging.Handler):
-    """JSON access-log lines, ``{"asctime", "level", "name", "message", **fields}``, in batches.
+    """JSON access-log lines, ``{"asctime", "level", "name", "message", **fields}``.
 
     The keys are those of the gateway's JSON log format (``asctime`` as ``logging`` prints
-    it, local time with milliseconds). Lines are queued and written ``FLUSH_DELAY_S`` after
-    the first of them, or as soon as ``FLUSH_LINES`` are queued; outside an event loop, at
-    once. To a regular file a batch is one ``write(2)``; to anything else (a pipe, a socket
-    such as journald's) in writes of at most ``PIPE_BUF`` bytes that end on a line boundary,
-    so that the lines of several workers sharing it never interleave.
-    ``flush``/``close`` (and so ``logging.shutdown`` at exit) write what is queued.
+    it, local time with milliseconds). Request lines come in batches from the request journal
+    (:meth:`write_requests`), records through ``logging`` one by one (:meth:`emit`); each is
+    written when it comes, nothing is held back. To a regular file a batch is one
+    ``write(2)``; to anything else (a pipe, a socket such as journald's) in writes of at most
+    ``PIPE_BUF`` bytes that end on a line boundary, so that the lines of several workers
+    sharing it never interleave.
     """
 
     def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__()
         self.stream = stream if stream is not None else sys.stderr
-        self._pending: list[bytes] = []
-        self._scheduled: asyncio.TimerHandle | None = None
         self._second = -1
         self._stamp = ""
         self._json_text = _JSONText()
@@ -147,8 +140,8 @@ class AccessLogHandler(logging.Handler):
                 with contextlib.suppress(Exception):
                     sys.stderr.write("mcp-gateway: access log line dropped\n")
         if lines:
-            self._pending.append("\n".join(lines).encode())
-        self.flush()
+            lines.append("")
+            self._write_safely("\n".join(lines).encode())
 
     def _fields(self, values: tuple[Any, ...]) -> str:
         """The JSON text of the fields ``values`` (REQUEST_FIELDS but the duration), as
@@ -188,10 +181,6 @@ class AccessLogHandler(logging.Handler):
         self._fields_text[values] = fields  # only values of the exact types above
         return fields
 
-    def write(self, fields: dict[str, Any]) -> None:
-        """Queue one INFO line of the access logger with ``fields`` as they are."""
-        self._queue(orjson.dumps(self._head(time.time()) | fields))
-
     def emit(self, record: logging.LogRecord) -> None:
         try:
             fields = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
@@ -200,41 +189,14 @@ class AccessLogHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        self._queue(line)
+        self._write_safely(line + b"\n")
 
-    def flush(self) -> None:
-        if self._scheduled is not None:
-            self._scheduled.cancel()
-            self._scheduled = None
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
+    def _write_safely(self, data: bytes) -> None:
         try:
-            pending.append(b"")
-            self._write(b"\n".join(pending))
+            self._write(data)
         except Exception:  # a log line is never worth a failed request
             with contextlib.suppress(Exception):
                 sys.stderr.write("mcp-gateway: access log write failed\n")
-
-    def close(self) -> None:
-        self.flush()
-        super().close()
-
-    def _queue(self, item: bytes) -> None:
-        pending = self._pending
-        pending.append(item)
-        if len(pending) >= FLUSH_LINES:
-            self.flush()
-        elif self._scheduled is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush()
-                return
-            self._scheduled = loop.call_later(FLUSH_DELAY_S, self.flush)
-
-    def _head(self, created: float) -> dict[str, Any]:
-        return {"asctime": self._asctime(created), "level": "INFO", "name": ACCESS_LOGGER, "message": "request"}
 
     def _write(self, data: bytes) -> None:
         try:

@@ -205,9 +205,7 @@ async def test_a_batch_to_a_regular_file_is_one_write(tmp_path: Path) -> None:
         handler = AccessLogHandler(stream)
         os.write = spy  # type: ignore[assignment]
         try:
-            for _ in range(30):
-                handler.write({"padding": "y" * 300})
-            handler.flush()
+            handler.write_requests([record(("y" * 300, *VALUES[1:])) for _ in range(30)])
         finally:
             os.write = real_write
     assert len(lines_of(path.read_text())) == 30
