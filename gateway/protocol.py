@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover - exercised by forcing _ENVELOPE_PARSER 
 __all__ = [
     "CACHEABLE_METHODS",
     "CLIENT_CAPABILITIES_KEY",
+    "ENVELOPE_MAX_BYTES",
     "ENVELOPE_MIN_BYTES",
     "KNOWN_METHODS",
     "LEGACY_VERSIONS",
@@ -228,8 +229,8 @@ def loads_relayed(data: bytes, request_id: object) -> Any:
     """Parse an upstream answer that is relayed, not stored, for its envelope: ``jsonrpc``,
     ``id`` and ``error.code`` (the bytes relayed are the upstream's own).
 
-    A success of ``ENVELOPE_MIN_BYTES`` or more, with simdjson installed (the ``speed``
-    extra), comes back as ``{"jsonrpc", "id", "result": True}`` (the members present): the
+    A success of ``ENVELOPE_MIN_BYTES`` to ``ENVELOPE_MAX_BYTES``, with simdjson installed (the
+    ``speed`` extra), comes back as ``{"jsonrpc", "id", "result": True}`` (the members present): the
     whole document is validated, the result is not built (~15 µs instead of ~110 µs for a
     19 KB ``tools/list``). Anything else (errors, duplicate or odd top-level members, what
     simdjson refuses) is parsed by orjson, without :func:`loads`'s scan for long integers:
@@ -242,7 +243,7 @@ def loads_relayed(data: bytes, request_id: object) -> Any:
     """
     if type(request_id) is int and not _INT64_MIN <= request_id <= _UINT64_MAX:
         return loads(data)
-    if _ENVELOPE_PARSER is not None and len(data) >= ENVELOPE_MIN_BYTES:
+    if _ENVELOPE_PARSER is not None and ENVELOPE_MIN_BYTES <= len(data) <= ENVELOPE_MAX_BYTES:
         envelope = _envelope(_ENVELOPE_PARSER, data)
         if envelope is not None:
             return envelope
@@ -252,9 +253,11 @@ def loads_relayed(data: bytes, request_id: object) -> Any:
         return loads(data)  # what orjson refuses but JSON allows (lone surrogate escapes)
 
 
-#: Relayed answers from this size on are checked with simdjson, when installed.
+#: Relayed answers of these sizes are checked with simdjson, when installed. The parser keeps
+#: buffers for the largest document it parsed (1.8 MB after a 256 KB one): bounded.
 ENVELOPE_MIN_BYTES: Final = 2048
-_ENVELOPE_PARSER: Any = simdjson.Parser() if simdjson is not None else None
+ENVELOPE_MAX_BYTES: Final = 256 * 1024
+_ENVELOPE_PARSER: Any = simdjson.Parser(max_capacity=ENVELOPE_MAX_BYTES) if simdjson is not None else None
 _ENVELOPE_SCALARS: Final = (str, int, float, bool, type(None))
 
 

@@ -390,6 +390,19 @@ def test_a_relayed_answer_is_judged_as_the_exact_parse_judges_it(
     assert code(relayed) == code(exact)
 
 
+@pytest.mark.parametrize("size", [100, 4096, 300_000])
+def test_relayed_answers_of_any_size_are_judged(size: int) -> None:
+    """Small ones and those over ENVELOPE_MAX_BYTES go to orjson, the others (with simdjson) to
+    the envelope check: the same decisions."""
+    assert protocol.ENVELOPE_MIN_BYTES < 4096 < protocol.ENVELOPE_MAX_BYTES < 300_000
+    result = {"tools": [], "padding": "p" * size}
+    ok = orjson.dumps({"jsonrpc": "2.0", "id": 3, "result": result})
+    other = orjson.dumps({"jsonrpc": "2.0", "id": 4, "result": result})
+    assert protocol.response_id_matches(protocol.loads_relayed(ok, 3), 3)
+    assert not protocol.response_id_matches(protocol.loads_relayed(other, 3), 3)
+    assert not protocol.response_id_matches(protocol.loads_relayed(ok, "3"), "3")
+
+
 @PURE_SETTINGS
 @given(value=st.text())
 @example(value="")
