@@ -9,9 +9,8 @@ template and written in one go. Records that reach the handler through ``logging
 same shape, written one by one. Anyone who configures other handlers on the logger gets the
 ordinary ``logging`` path.
 
-Request records are plain tuples: the values of :data:`REQUEST_FIELDS` in that order (with
-``duration_ms`` given in seconds), then the cache lookup result (not logged), the
-``time.perf_counter()`` at which the request ended, and what else gateway.journal records.
+Request records are the tuples of gateway.records: their first items are the values of
+:data:`REQUEST_FIELDS` (``duration_ms`` given in seconds), and ``ENDED`` stamps the line.
 """
 
 from __future__ import annotations
@@ -28,21 +27,12 @@ from typing import Any, Final, TextIO
 
 import orjson
 
+from .records import ENDED, JSONRPC_ERROR, REQUEST_FIELDS, SECONDS, STATUS
+
 __all__ = ["ACCESS_LOGGER", "REQUEST_FIELDS", "AccessLogHandler", "direct_handler"]
 
 ACCESS_LOGGER: Final = "mcp_gateway.access"
 
-#: The fields of a request line, in the order of a request record (see module).
-REQUEST_FIELDS: Final = (
-    "upstream",
-    "method",
-    "http_method",
-    "status",
-    "jsonrpc_error",
-    "cache",
-    "cache_status",
-    "duration_ms",
-)
 #: Writes up to this size are atomic on a pipe: lines of several worker processes sharing
 #: stderr never interleave.
 _ATOMIC_WRITE: Final = getattr(select, "PIPE_BUF", 512)
@@ -69,9 +59,6 @@ _REQUEST_FIELDS_TEXT: Final = (
     + '","message":"request",'
     + "".join(f'"{name}":%s,' for name in REQUEST_FIELDS[:-1])
 )
-#: Index of the duration (seconds) and of the end time in a request record.
-_SECONDS: Final = len(REQUEST_FIELDS) - 1
-_ENDED: Final = len(REQUEST_FIELDS) + 1
 #: Durations are written from integer microseconds below this (about 31 years).
 _MAX_SECONDS: Final = 1e9
 #: "000" to "999": milliseconds as asctime writes them, and the decimals of a duration.
@@ -101,15 +88,15 @@ class AccessLogHandler(logging.Handler):
         self._fields_text: dict[tuple[Any, ...], str] = {}
 
     def write_requests(self, records: list[tuple[Any, ...]]) -> None:
-        """Write one line per request record (see module), after any line already queued,
-        in one go. Each line is stamped with the time its request ended."""
+        """Write one line per request record (gateway.records), in one go. Each line is
+        stamped with the time its request ended."""
         offset = time.time() - time.perf_counter()
         fields_text = self._fields_text
         lines = []
         for record in records:
             try:
-                key = record[:_SECONDS]
-                status, error = record[3], record[4]
+                key = record[:SECONDS]
+                status, error = record[STATUS], record[JSONRPC_ERROR]
                 if type(status) is int and (error is None or type(error) is int):
                     try:
                         text = fields_text.get(key)
@@ -120,11 +107,11 @@ class AccessLogHandler(logging.Handler):
                 else:
                     # Not looked up: True == 1 and 1.0 == 1 would find another line's text.
                     text = self._fields(key)
-                ended = record[_ENDED] + offset
+                ended = record[ENDED] + offset
                 second = int(ended)
                 if second != self._second:
                     self._asctime(ended)  # a new second: its stamp
-                seconds = record[_SECONDS]
+                seconds = record[SECONDS]
                 if type(seconds) is float and 0.0 <= seconds < _MAX_SECONDS:
                     # Milliseconds with 3 decimals from integer microseconds: a fraction of
                     # what round() and repr() of a float cost.

@@ -20,28 +20,23 @@ import sys
 import time
 from typing import Any, Final
 
-from .accesslog import REQUEST_FIELDS, direct_handler
+from .accesslog import direct_handler
 from .metrics import RequestMetrics
+from .records import ENDED, REQUEST_FIELDS, SECONDS, RequestRecord
 
-__all__ = ["BATCH_DELAY_S", "BATCH_RECORDS", "RequestJournal", "RequestRecord"]
+__all__ = ["BATCH_DELAY_S", "BATCH_RECORDS", "RequestJournal"]
 
 #: Records are handed on this long (seconds) after the first of a batch ...
 BATCH_DELAY_S: Final = 0.05
 #: ... or at once when this many are waiting.
 BATCH_RECORDS: Final = 256
 
-#: One finished request, a plain tuple (gateway.accesslog, "Request records"):
-#: ``(upstream, method, http_method, status, jsonrpc_error, cache, cache_status, seconds,
-#: lookup, ended, upstream_seconds)``; ``seconds`` is the duration, ``ended``
-#: ``time.perf_counter()`` at the end, ``upstream_seconds`` the time the upstream took
-#: (``None`` if it was not asked).
-RequestRecord = tuple[str, str, str, int, "int | None", str, "str | None", float, "str | None", float, "float | None"]
 
 _INFO: Final = logging.INFO
 
 
 class RequestJournal:
-    """Collects :data:`RequestRecord` tuples and hands them on in batches (see module)."""
+    """Collects request records (gateway.records) and hands them on in batches (see module)."""
 
     def __init__(self, metrics: RequestMetrics, logger: logging.Logger) -> None:
         self._records: list[Any] = []
@@ -83,10 +78,10 @@ class RequestJournal:
         offset = time.time() - time.perf_counter()
         for record in batch:
             fields = dict(zip(REQUEST_FIELDS, record, strict=False))
-            fields["duration_ms"] = round(record[7] * 1000, 3)
+            fields["duration_ms"] = round(record[SECONDS] * 1000, 3)
             try:
                 log_record = logger.makeRecord(logger.name, _INFO, __file__, 0, "request", (), None, extra=fields)
-                created = record[9] + offset
+                created = record[ENDED] + offset
                 log_record.created = created
                 log_record.msecs = (created - int(created)) * 1000
                 logger.handle(log_record)

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from .records import CACHE, LOOKUP, METHOD, SECONDS, STATUS, UPSTREAM, UPSTREAM_SECONDS
+
 __all__ = ["GatewayMetrics", "RequestMetrics"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -58,17 +60,14 @@ class RequestMetrics:
         registry.register(self)
 
     def add(self, records: Sequence[Sequence[Any]]) -> None:
-        """Add up a batch of request records (gateway.accesslog, "Request records"): items
-        0 ``upstream``, 1 ``method``, 3 HTTP ``status``, 5 ``cache`` label (hit/miss/bypass),
-        7 duration in seconds, 8 cache ``lookup`` result (hit/miss/coalesced/bypass, ``None``
-        when the cache was not asked), 10 the seconds the upstream took (``None`` when the
-        request was not forwarded)."""
+        """Add up a batch of request records (gateway.records): their upstream, method, HTTP
+        status, cache label, duration (seconds), cache lookup result and upstream time."""
         if not records:
             return
         now = time.time()
         columns = list(zip(*records, strict=True))
         upstream, method, status, cache, seconds, lookup, upstream_seconds = (
-            columns[i] for i in (0, 1, 3, 5, 7, 8, 10)
+            columns[i] for i in (UPSTREAM, METHOD, STATUS, CACHE, SECONDS, LOOKUP, UPSTREAM_SECONDS)
         )
         # le is inclusive: bisect_left puts a value equal to a bound in that bound's bucket.
         buckets = map(bisect_left, itertools.repeat(self._bounds), seconds)

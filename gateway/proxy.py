@@ -590,7 +590,8 @@ class Proxy:
     ) -> None:
         ended = time.perf_counter()
         upstream = outcome.upstream if outcome.upstream in self.upstreams else "unknown"
-        # A request record (gateway.journal): metrics and the access log get it in a batch.
+        # A request record (gateway.records, items in order): metrics and the access log get
+        # it in a batch through the journal.
         self._add_record(
             (
                 upstream,
