@@ -218,15 +218,16 @@ class Proxy:
 
     # -- entry points -------------------------------------------------------------------
 
-    async def handle_post(self, request: web.Request) -> web.StreamResponse:
-        """``POST /servers/{name}/mcp``.
+    async def handle_post(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
+        """``POST /servers/{name}/mcp``: ``upstream_name`` is bound by the upstream's own route
+        (``None``: ``name`` from the path, the route for names not configured).
 
         Authentication comes before the upstream lookup, so that callers without a token
         cannot tell configured upstream names from others. The checks and the cache lookup
         are written out here rather than in helpers: this is every cache hit's path.
         """
         started = time.perf_counter()
-        outcome = _Outcome(request.match_info["name"])
+        outcome = _Outcome(request.match_info["name"] if upstream_name is None else upstream_name)
         response: web.StreamResponse | None = None
         try:
             headers = request.headers
@@ -294,10 +295,13 @@ class Proxy:
             self._observe(request, outcome, response, started)
         return response
 
-    async def handle_stream(self, request: web.Request) -> web.StreamResponse:
-        """``GET``/``DELETE /servers/{name}/mcp``: legacy-era traffic passed through."""
+    async def handle_stream(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
+        """``GET``/``DELETE /servers/{name}/mcp``: legacy-era traffic passed through
+        (``upstream_name`` as for :meth:`handle_post`)."""
         started = time.perf_counter()
-        outcome = _Outcome(request.match_info["name"], method=request.method)
+        outcome = _Outcome(
+            request.match_info["name"] if upstream_name is None else upstream_name, method=request.method
+        )
         response: web.StreamResponse | None = None
         try:
             self._check_origin(request)

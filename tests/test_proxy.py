@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -676,6 +676,32 @@ async def test_unknown_upstream_echoes_the_readable_id(make_env: Any) -> None:
     env = await make_env()
     resp = await env.post(rpc("tools/list", id_="x-9"), name="nope")
     assert await jsonrpc_error(resp) == (404, -32601, "x-9")
+
+
+async def test_configured_upstreams_have_exact_routes_and_other_names_the_pattern(make_env: Any) -> None:
+    """Each configured upstream's path is a plain route (the cheap lookup); every other name
+    reaches the pattern route and its JSON-RPC 404; both answer the same methods."""
+    env = await make_env(
+        upstreams={"up": {"url": "http://127.0.0.1:9/mcp"}, "a.b-2": {"url": "http://127.0.0.1:9/mcp"}}
+    )
+
+    async def resource_of(method: str, path: str) -> web.AbstractResource | None:
+        match = await env.app.router.resolve(make_mocked_request(method, path, app=env.app))
+        return match.route.resource
+
+    for http_method in ("POST", "GET", "DELETE"):
+        for name in ("up", "a.b-2"):
+            resource = await resource_of(http_method, f"/servers/{name}/mcp")
+            assert type(resource) is web.PlainResource, (http_method, name)
+        assert type(await resource_of(http_method, "/servers/nope/mcp")) is web.DynamicResource
+    # The name comes from the route, not the path: the same answers as before.
+    resp = await env.post(rpc("tools/list", id_=1), name="a.b-2")
+    assert resp.status == 502  # port 9: nothing listens; the upstream "a.b-2" was asked
+    resp = await env.post(rpc("tools/list", id_=2), name="a.b-3")
+    assert await jsonrpc_error(resp) == (404, -32601, 2)
+    for name in ("up", "nope"):
+        resp = await env.client.put(f"/servers/{name}/mcp")
+        assert resp.status == 405 and set(resp.headers["Allow"].split(",")) == {"DELETE", "GET", "POST"}
 
 
 async def test_callers_without_a_token_cannot_probe_upstream_names(make_env: Any) -> None:
