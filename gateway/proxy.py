@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Final, Generic, TypeVar
 
 import aiohttp
+import orjson
 from aiohttp import hdrs, web
 from multidict import CIMultiDict, istr
 
@@ -26,6 +27,7 @@ from .config import GatewayConfig
 from .journal import RequestJournal
 from .metrics import GatewayMetrics
 from .protocol import (
+    KNOWN_METHODS,
     BadGateway,
     GatewayError,
     ParsedRequest,
@@ -33,7 +35,6 @@ from .protocol import (
     id_json,
     loads,
     loads_relayed,
-    method_label,
     parse_request,
     response_id_matches,
 )
@@ -123,6 +124,7 @@ def _status(*params: str) -> str:
 
 
 _HIT: Final = _status("hit", "ttl=")
+_dumps: Final = orjson.dumps
 _CACHE_STATUS: Final = istr("Cache-Status")
 #: Copied for each hit (cheaper than building the headers from a dict).
 _JSON_HEADERS: Final = CIMultiDict({"Content-Type": "application/json"})
@@ -204,7 +206,10 @@ class Proxy:
         self.clock = clock
         self._tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
         self._origins = frozenset(config.listener.allowed_origins)
-        self._vary = {name: config.vary_on_capabilities(name) for name in config.upstreams}
+        #: Per upstream: (vary the cache key on clientCapabilities, forward Authorization).
+        self._key_options = {
+            name: (config.vary_on_capabilities(name), up.forward_authorization) for name, up in config.upstreams.items()
+        }
         self._caching = config.cache.max_entries > 0
         self._max_body = config.listener.max_body_bytes
         self.journal = RequestJournal(metrics.request_metrics, access_log)
@@ -252,7 +257,8 @@ class Proxy:
                 self._check_auth(request, err.request_id)
                 self._upstream(outcome.upstream, err.request_id)
                 raise
-            outcome.method = method_label(parsed.method)
+            method = parsed.method
+            outcome.method = method if method in KNOWN_METHODS else "other"  # method_label, inlined
             if self._tokens:
                 self._check_auth(request, parsed.request_id)
             upstream = self.upstreams.get(outcome.upstream)
@@ -261,14 +267,14 @@ class Proxy:
             bypass = parsed.cache_bypass
             if bypass is None and self._caching:
                 try:
+                    vary, forward_authorization = self._key_options[upstream.name]
+                    # Positional arguments: cheaper to pass, and this is every hit's path.
                     key = make_key(
                         upstream.name,
                         parsed,
-                        vary_on_capabilities=self._vary[upstream.name],
+                        vary,
                         # "" for no header: a caller without credentials is a context of its own.
-                        authorization=headers.get(hdrs.AUTHORIZATION, "")
-                        if upstream.config.forward_authorization
-                        else None,
+                        headers.get(hdrs.AUTHORIZATION, "") if forward_authorization else None,
                     )
                 except ValueError:
                     status = _status("fwd=bypass", "detail=uncacheable")
@@ -276,7 +282,7 @@ class Proxy:
                 else:
                     entry = self.store.get(key)
                     if entry is not None:
-                        response = self._hit(parsed, entry, outcome, collapsed=False)
+                        response = self._hit(parsed, entry, outcome, False)
                     else:
                         response = await self._miss(request, upstream, body, parsed, key, outcome)
             else:
@@ -335,7 +341,7 @@ class Proxy:
         if waiter is not None:
             entry = await asyncio.shield(waiter)
             if entry is not None:
-                return self._hit(parsed, entry, outcome, collapsed=True)
+                return self._hit(parsed, entry, outcome, True)
             # Not storable (private, error, ...): this caller's answer is its own.
             outcome.cache = outcome.lookup = "miss"
             return await self._forward(request, upstream, body, parsed, key, _status("fwd=miss"), outcome)
@@ -345,11 +351,15 @@ class Proxy:
         finally:
             self.coalescer.release(key, outcome.entry)
 
-    def _hit(self, parsed: ParsedRequest, entry: CacheEntry, outcome: _Outcome, *, collapsed: bool) -> web.Response:
+    def _hit(self, parsed: ParsedRequest, entry: CacheEntry, outcome: _Outcome, collapsed: bool) -> web.Response:
         """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left."""
         outcome.cache = "hit"
         outcome.lookup = "coalesced" if collapsed else "hit"
-        body, ttl_ms = entry.hit(id_json(parsed.request_id), self.clock())
+        try:
+            id_text = _dumps(parsed.request_id)  # id_json, inlined
+        except TypeError:
+            id_text = id_json(parsed.request_id)
+        body, ttl_ms = entry.hit(id_text, self.clock())
         status = f"{_HIT}{ttl_ms // 1000}; collapsed" if collapsed else f"{_HIT}{ttl_ms // 1000}"
         outcome.cache_status = status
         headers = _JSON_HEADERS.copy()

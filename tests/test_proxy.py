@@ -665,7 +665,10 @@ async def test_metrics_count_hits_and_misses(make_env: Any) -> None:
     env = await make_env()
     await env.post(rpc("tools/list"))
     await env.post(rpc("tools/list"))
+    await env.post(rpc("vendor/secret-method"))  # not a spec method: labelled "other"
     text = await (await env.client.get("/metrics")).text()
+    assert 'mcp_gateway_requests_total{method="other",status="200",upstream="up"} 1.0' in text
+    assert "secret-method" not in text
     assert 'mcp_gateway_cache_lookups_total{method="tools/list",result="hit",upstream="up"} 1.0' in text
     assert 'mcp_gateway_cache_lookups_total{method="tools/list",result="miss",upstream="up"} 1.0' in text
     assert 'mcp_gateway_cache_stores_total{method="tools/list",outcome="stored",upstream="up"} 1.0' in text
