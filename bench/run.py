@@ -551,7 +551,10 @@ def cached_runs(
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(opts.rounds):
         for method in ("tools/list", "server/discover"):
-            for target, (url, server) in (("floor", floor), ("gateway", gateway)):
+            # The order flips every round (floor first, then gateway first): a machine that
+            # speeds up or slows down during a round favours neither side over the rounds.
+            pair = (("floor", floor), ("gateway", gateway))
+            for target, (url, server) in pair if r % 2 == 0 else pair[::-1]:
                 log(f"[workers={n}] cached {method}: {target} (round {r + 1}/{opts.rounds})")
                 runs.setdefault((method, target), []).append(
                     wrk(
@@ -600,11 +603,12 @@ def forwarding_runs(
         method = label.split()[0]
         row: dict[str, Any] = {}
         runs: dict[str, list[dict[str, Any]]] = {}
-        # Latency: direct and gateway alternate for `fwd_rounds` rounds; the added latency is the
+        # Latency: direct and gateway, back to back, for `fwd_rounds` rounds; the added latency is the
         # median over rounds of (gateway - direct), so slow spells on the machine cancel out.
         plan = [("latency", 1)] * opts.fwd_rounds + [("throughput", opts.fwd_connections)]
-        for mode, conns in plan:
-            for target, url in (("direct", direct_url), ("gateway", via)):
+        for i, (mode, conns) in enumerate(plan):
+            pair = (("direct", direct_url), ("gateway", via))
+            for target, url in pair if i % 2 == 0 else pair[::-1]:  # the order flips, as for cached runs
                 log(f"[workers={n}] forwarding {label}: {target}, {conns} connection(s)")
                 runs.setdefault(f"{target}_{mode}", []).append(
                     wrk(
@@ -671,7 +675,8 @@ def tables(result: dict[str, Any]) -> str:
     lines = []
     conns = result["options"]["connections"]
     lines.append(
-        f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count)"
+        f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count;"
+        f" median of {result['options']['rounds']} rounds, each floor and gateway back to back)"
     )
     pins = [
         f"{w['workers']} worker: servers on CPU {w['cpus']['servers']}, wrk on CPU {w['cpus']['wrk']}"
@@ -682,7 +687,8 @@ def tables(result: dict[str, Any]) -> str:
         lines.append("Pinned: " + "; ".join(pins))
     lines.append("")
     lines.append(
-        "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms | ratio "
+        "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms "
+        "| ratio (rounds' range) "
         "| CPU µs/req gateway / floor | CPU ratio |"
     )
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -693,6 +699,7 @@ def tables(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {w['workers']} | {method} ({c['response_bytes']} B) | {g['rps']:.0f} | {g['p50_ms']:.2f} | "
                 f"{g['p99_ms']:.2f} | {f['rps']:.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | {c['ratio']:.2f} "
+                f"({min(c['ratio_all']):.2f}-{max(c['ratio_all']):.2f}) "
                 f"| {g['cpu_us_per_request']} / {f['cpu_us_per_request']} | {c['cpu_ratio']} |"
             )
     lines.append("")
@@ -788,14 +795,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Gateway benchmark: ratios to a bare aiohttp floor, one run.")
     p.add_argument("--quick", action="store_true", help="short runs, 1 round, 2,000 memory entries (~1 min)")
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts (default 1,2)")
-    p.add_argument("--duration", type=float, help="seconds per cached wrk run (default 3; quick 2)")
-    p.add_argument("--fwd-duration", type=float, help="seconds per forwarding wrk run (default 2; quick 2)")
-    p.add_argument("--rounds", type=int, help="alternating floor/gateway rounds for cached runs (default 3; quick 1)")
+    p.add_argument("--duration", type=float, help="seconds per cached wrk run (default 1)")
+    p.add_argument("--fwd-duration", type=float, help="seconds per forwarding wrk run (default 1; quick 2)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="floor/gateway rounds for cached runs, the order flipped each round (default 12; quick 1): the"
+        " ratio is the median of the rounds' ratios; this machine's speed moves by half within a minute",
+    )
     p.add_argument(
         "--fwd-rounds",
         type=int,
-        help="alternating direct/gateway rounds for forwarding latency (default 5; quick 1): the added"
-        " latency is their median, and a 1-connection p50 moves by tenths of a ms from run to run here",
+        help="direct/gateway rounds for forwarding latency, the order flipped each round (default 9; quick 1):"
+        " the added latency is their median; a 1-connection p50 moves by tenths of a ms from run to run here",
     )
     p.add_argument("--connections", type=int, default=32, help="wrk connections for cached runs (default 32)")
     p.add_argument("--fwd-connections", type=int, default=8, help="wrk connections, forwarding throughput")
@@ -824,10 +836,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     opts.worker_counts = [int(x) for x in opts.workers.split(",") if x.strip()]
     opts.wrk_cpus = None
     opts.parts = {x.strip() for x in opts.only.split(",") if x.strip()}
-    opts.duration = opts.duration or (2.0 if opts.quick else 3.0)
-    opts.fwd_duration = opts.fwd_duration or 2.0
-    opts.rounds = opts.rounds or (1 if opts.quick else 3)
-    opts.fwd_rounds = opts.fwd_rounds or (1 if opts.quick else 5)
+    opts.duration = opts.duration or (2.0 if opts.quick else 1.0)
+    opts.fwd_duration = opts.fwd_duration or (2.0 if opts.quick else 1.0)
+    opts.rounds = opts.rounds or (1 if opts.quick else 12)
+    opts.fwd_rounds = opts.fwd_rounds or (1 if opts.quick else 9)
     opts.memory_entries = opts.memory_entries or (2000 if opts.quick else 10_000)
     return opts
 
