@@ -65,6 +65,9 @@ _MAX_SECONDS: Final = 1e9
 _floor: Final = math.floor
 #: "000" to "999": milliseconds as asctime writes them, and the decimals of a duration.
 _THREE_DIGITS: Final = tuple(f"{i:03d}" for i in range(1000))
+#: By floored milliseconds into a second: "000" to "999", and "999" for 1000 (a time a hair
+#: below the next second, or below 0, can round up to it).
+_MILLIS: Final = (*_THREE_DIGITS, "999")
 
 
 class AccessLogHandler(logging.Handler):
@@ -82,7 +85,8 @@ class AccessLogHandler(logging.Handler):
     def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__()
         self.stream = stream if stream is not None else sys.stderr
-        self._second = -1
+        #: The second (``time.time()``, floored) that ``_stamp`` is the text of; none yet.
+        self._second: float = math.nan
         self._stamp = ""
         self._json_text = _JSONText()
         #: The text of a line's fields but the duration, by their values (a line differs
@@ -94,9 +98,9 @@ class AccessLogHandler(logging.Handler):
         stamped with the time its request ended."""
         offset = time.time() - time.perf_counter()
         fields_text = self._fields_text
-        digits = _THREE_DIGITS
+        digits, millis = _THREE_DIGITS, _MILLIS
         # The stamp of the second [start, start + 1) (time.time() seconds), renewed when a
-        # line falls outside it: floats compared, no int() per line.
+        # line falls outside it (always at first: NaN): floats compared, no int() per line.
         start = float(self._second)
         stamp = self._stamp
         lines = []
@@ -125,12 +129,12 @@ class AccessLogHandler(logging.Handler):
                     # for these non-negative values, at half the cost).
                     us = _floor(seconds * 1_000_000 + 0.5)
                     lines.append(
-                        f'{{"asctime":"{stamp},{digits[_floor((ended - start) * 1000)]}",'
+                        f'{{"asctime":"{stamp},{millis[_floor((ended - start) * 1000)]}",'
                         f'{text}"duration_ms":{us // 1000}.{digits[us % 1000]}}}'
                     )
                 else:
                     lines.append(
-                        f'{{"asctime":"{stamp},{digits[_floor((ended - start) * 1000)]}",'
+                        f'{{"asctime":"{stamp},{millis[_floor((ended - start) * 1000)]}",'
                         f'{text}"duration_ms":{_odd_json(seconds)}}}'
                     )
             except Exception:  # a log line is never worth a failed request
@@ -223,11 +227,18 @@ class AccessLogHandler(logging.Handler):
             start = end
 
     def _asctime(self, created: float) -> str:
-        second = int(created)
+        """``created`` (``time.time()`` seconds) as ``logging`` writes asctime, local time with
+        milliseconds; floored, so a time before 1970 is right too.
+
+        Raises:
+            OverflowError, OSError, ValueError: no local time for ``created``; the stamp of
+            the last second stays as it was.
+        """
+        second = _floor(created)
         if second != self._second:
-            self._second = second
             self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        return f"{self._stamp},{_THREE_DIGITS[int((created - second) * 1000)]}"
+            self._second = second
+        return f"{self._stamp},{_MILLIS[_floor((created - second) * 1000)]}"
 
 
 def _odd_json(value: Any) -> str:

@@ -9,10 +9,12 @@ import datetime
 import io
 import json
 import logging
+import math
 import os
 import socket
 import threading
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import accesslog
 from gateway.accesslog import ACCESS_LOGGER, REQUEST_FIELDS, AccessLogHandler
 from gateway.journal import BATCH_DELAY_S, BATCH_RECORDS, RequestJournal
 from gateway.metrics import RequestMetrics
@@ -75,6 +78,54 @@ def test_a_line_is_stamped_with_the_time_its_request_ended() -> None:
     first, second = lines_of(out.getvalue())
     gap = asctime_seconds(second["asctime"]) - asctime_seconds(first["asctime"])
     assert gap == pytest.approx(3.25, abs=0.0015)
+
+
+def _fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """time.time() == time.perf_counter() == 0 for the access log: a record's end is its wall time."""
+    fixed = types.SimpleNamespace(
+        time=lambda: 0.0, perf_counter=lambda: 0.0, localtime=time.localtime, strftime=time.strftime
+    )
+    monkeypatch.setattr(accesslog, "time", fixed)
+
+
+def stamp_of(second: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+
+
+@pytest.mark.parametrize(
+    ("ended", "expected"),
+    [
+        (-0.5, (-1, "500")),
+        (-1e-9, (-1, "999")),
+        (-5e-324, (-1, "999")),  # rounds up to the next second: still that second's last ms
+        (-5.3, (-6, "700")),
+        (math.nextafter(1764475201.0, 0.0), (1764475200, "999")),  # the last float before a second
+        (1764475201.0, (1764475201, "000")),
+    ],
+)
+def test_times_before_1970_and_at_second_boundaries_are_floored(
+    monkeypatch: pytest.MonkeyPatch, ended: float, expected: tuple[int, str]
+) -> None:
+    _fixed_clock(monkeypatch)
+    out = io.StringIO()
+    AccessLogHandler(out).write_requests([record(ended=ended)])
+    (line,) = lines_of(out.getvalue())
+    assert line["asctime"] == f"{stamp_of(expected[0])},{expected[1]}"
+
+
+def test_a_time_with_no_local_time_is_dropped_and_leaves_the_stamp_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    _fixed_clock(monkeypatch)
+    out = io.StringIO()
+    handler = AccessLogHandler(out)
+    t = 1764475200.0
+    handler.write_requests([record(ended=t + 0.5), record(ended=1e17), record(ended=t + 0.6), record(ended=1e17)])
+    handler.write_requests([record(ended=1e17), record(ended=t + 0.7)])
+    assert [x["asctime"] for x in lines_of(out.getvalue())] == [
+        f"{stamp_of(int(t))},{ms}" for ms in ("500", "599", "700")
+    ]
+    assert capsys.readouterr().err.count("access log line dropped") == 3
 
 
 @pytest.mark.parametrize("seconds", [0.0, 0.0001234, 0.0004995, 0.9999996, 1.5, 12.3456789, 86400.0])
