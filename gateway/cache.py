@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, Protocol
 
-from .protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest, dumps
+from .codec import dumps
+from .protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest
 
 __all__ = [
     "CacheEntry",

@@ -1,54 +1,36 @@
-"""Pure MCP / JSON-RPC facts and request validation for the gateway (no I/O).
+"""MCP facts and request validation (no I/O): method names, versions, the request-metadata
+headers, and what routing, validation and caching need from one POSTed message.
 
-Everything here follows MCP revision 2026-07-28 (see ``shared/spec/2026-07-28-digest.md``):
-method names, the six cacheable methods (caching utility, SEP-2549), error codes and
-their HTTP statuses (basic/index#error-codes), the request-metadata headers and their
-base64 sentinel (transports/streamable-http, SEP-2243) and era detection (basic/versioning).
+Sources (MCP 2026-07-28): Base Protocol ("Requests", "_meta", "Error codes"), Versioning (the
+era of a request), the caching utility (the six methods whose results extend
+``CacheableResult``), and the Streamable HTTP transport ("Request metadata headers": the
+``MCP-Protocol-Version``, ``Mcp-Method`` and ``Mcp-Name`` headers and their base64 form).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-import orjson
 from multidict import MultiMapping, istr
 
-try:  # the ``speed`` extra: relayed answers are checked without building their result
-    import simdjson
-except ImportError:  # pragma: no cover - exercised by forcing _ENVELOPE_PARSER to None
-    simdjson = None  # type: ignore[assignment]
+from .codec import loads
+from .errors import HeaderMismatch, InvalidParams, InvalidRequest, ParseError
 
 __all__ = [
     "CACHEABLE_METHODS",
     "CLIENT_CAPABILITIES_KEY",
-    "ENVELOPE_MAX_BYTES",
-    "ENVELOPE_MIN_BYTES",
     "KNOWN_METHODS",
     "LEGACY_VERSIONS",
     "MODERN_VERSION",
     "MODERN_VERSIONS",
     "PROTOCOL_VERSION_KEY",
-    "BadGateway",
     "Era",
-    "GatewayError",
-    "GatewayTimeout",
-    "HeaderMismatch",
-    "InvalidParams",
-    "InvalidRequest",
-    "ParseError",
     "ParsedRequest",
-    "SSEParser",
     "decode_header_value",
-    "dumps",
-    "error_body",
-    "id_json",
-    "loads",
-    "loads_relayed",
     "method_label",
     "parse_request",
     "response_id_matches",
@@ -118,226 +100,6 @@ H_SESSION_ID: Final = istr("Mcp-Session-Id")
 _SENTINEL_PREFIX: Final = "=?base64?"
 _SENTINEL_SUFFIX: Final = "?="
 
-
-class GatewayError(Exception):
-    """An error the gateway answers itself, as a JSON-RPC error with a fixed HTTP status.
-
-    ``code`` is the JSON-RPC error code, ``status`` the HTTP status (digest §0.2, §0.3);
-    ``request_id`` is echoed in the error body when the request's id could be read.
-    """
-
-    code: int = -32603
-    status: int = 500
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        request_id: object = None,
-        data: object = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.request_id = request_id
-        self.data = data
-        self.headers = dict(headers or {})
-
-    def body(self) -> bytes:
-        """The JSON-RPC error response body (``id`` omitted when unknown)."""
-        return error_body(self.code, self.message, self.request_id, self.data)
-
-
-class ParseError(GatewayError):
-    """The body is not JSON (-32700, HTTP 400)."""
-
-    code = -32700
-    status = 400
-
-
-class InvalidRequest(GatewayError):
-    """Not a single JSON-RPC request object, e.g. a batch (-32600, HTTP 400)."""
-
-    code = -32600
-    status = 400
-
-
-class InvalidParams(GatewayError):
-    """Required ``params._meta`` fields missing (-32602, HTTP 400 MUST; basic/index)."""
-
-    code = -32602
-    status = 400
-
-
-class HeaderMismatch(GatewayError):
-    """A request-metadata header missing or disagreeing with the body (-32020, HTTP 400 MUST)."""
-
-    code = -32020
-    status = 400
-
-
-class BadGateway(GatewayError):
-    """The upstream was unreachable, reset the connection or answered something that is not
-    JSON-RPC (-32603 Internal error, HTTP 502)."""
-
-    code = -32603
-    status = 502
-
-
-class GatewayTimeout(GatewayError):
-    """The upstream did not answer in time (-32603 Internal error, HTTP 504)."""
-
-    code = -32603
-    status = 504
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-#: orjson turns integers outside [-2**63, 2**64) into floats, silently: any run of 19+
-#: digits sends the text to the standard library, which keeps integers exact. The run is
-#: found by mapping every digit to ``0`` and everything else to a space, then a substring
-#: search: both in C, ~15x faster than a regular expression (~30 µs, not ~430 µs, on a
-#: 19 KB ``tools/list``).
-_DIGITS_TO_ZERO: Final = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
-_LONG_DIGITS: Final = b"0" * 19
-
-
-def loads(data: bytes) -> Any:
-    """Parse JSON (RFC 8259) exactly: orjson, or the standard library for what orjson
-    refuses or rounds but JSON allows (integers beyond 64 bits, lone surrogate escapes).
-
-    Raises:
-        ValueError: not JSON (``NaN``/``Infinity`` literals included).
-    """
-    # find(), not "in": bytes.__contains__ first tries the needle as an integer and raises
-    # (and clears) a TypeError on every call.
-    if data.translate(_DIGITS_TO_ZERO).find(_LONG_DIGITS) < 0:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    try:
-        # Strict UTF-8 first: json.loads(bytes) would guess UTF-16/32 (RFC 8259 §8.1: UTF-8).
-        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_parse_float)
-    except RecursionError as exc:
-        raise ValueError("JSON nested too deeply") from exc
-
-
-def loads_relayed(data: bytes, request_id: object) -> Any:
-    """Parse an upstream answer that is relayed, not stored, for its envelope: ``jsonrpc``,
-    ``id`` and ``error.code`` (the bytes relayed are the upstream's own).
-
-    A success of ``ENVELOPE_MIN_BYTES`` to ``ENVELOPE_MAX_BYTES``, with simdjson installed (the
-    ``speed`` extra), comes back as ``{"jsonrpc", "id", "result": True}`` (the members present): the
-    whole document is validated, the result is not built (~15 µs instead of ~110 µs for a
-    19 KB ``tools/list``). Anything else (errors, duplicate or odd top-level members, what
-    simdjson refuses) is parsed by orjson, without :func:`loads`'s scan for long integers:
-    an integer beyond 64 bits comes back as a float, which changes nothing here unless the
-    request's id is such an integer (then :func:`loads`). A float error code is not logged
-    as a code.
-
-    Raises:
-        ValueError: not JSON.
-    """
-    if type(request_id) is int and not _INT64_MIN <= request_id <= _UINT64_MAX:
-        return loads(data)
-    if _ENVELOPE_PARSER is not None and ENVELOPE_MIN_BYTES <= len(data) <= ENVELOPE_MAX_BYTES:
-        envelope = _envelope(_ENVELOPE_PARSER, data)
-        if envelope is not None:
-            return envelope
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return loads(data)  # what orjson refuses but JSON allows (lone surrogate escapes)
-
-
-#: Relayed answers of these sizes are checked with simdjson, when installed. The parser keeps
-#: buffers for the largest document it parsed (1.8 MB after a 256 KB one): bounded.
-ENVELOPE_MIN_BYTES: Final = 2048
-ENVELOPE_MAX_BYTES: Final = 256 * 1024
-_ENVELOPE_PARSER: Any = simdjson.Parser(max_capacity=ENVELOPE_MAX_BYTES) if simdjson is not None else None
-_ENVELOPE_SCALARS: Final = (str, int, float, bool, type(None))
-
-
-def _envelope(parser: Any, data: bytes) -> dict[str, Any] | None:
-    """The envelope of a JSON-RPC success in ``data``, or ``None`` to let orjson decide."""
-    try:
-        doc = parser.parse(data)
-    except (ValueError, RuntimeError):  # not JSON to simdjson, or a number beyond 64 bits
-        return None
-    try:
-        if not isinstance(doc, simdjson.Object) or "error" in doc or "result" not in doc:
-            return None
-        keys = list(doc.keys())
-        if len(keys) != len(set(keys)):
-            return None  # duplicate members: orjson keeps the last, simdjson the first
-        envelope: dict[str, Any] = {"result": True}
-        for name in ("jsonrpc", "id"):
-            if name in doc:
-                value = doc[name]
-                if type(value) not in _ENVELOPE_SCALARS:
-                    return None  # an object or array (no JSON-RPC answer has one there)
-                envelope[name] = value
-        return envelope
-    finally:
-        # The parser is reused: nothing may keep a reference into this document.
-        del doc
-
-
-_INT64_MIN: Final = -(2**63)
-_UINT64_MAX: Final = 2**64 - 1
-
-
-class Unrepresentable(float):
-    """A JSON number beyond the float range (``1e400``): kept apart from ``null`` (orjson
-    would write ``inf`` as ``null``), refused by :func:`dumps`, so never part of a cache
-    key or a stored result."""
-
-
-def _parse_float(text: str) -> float:
-    value = float(text)
-    return value if value not in (_INF, -_INF) else Unrepresentable(value)
-
-
-_INF: Final = float("inf")
-
-
-def dumps(value: object, *, sort_keys: bool = False) -> bytes:
-    """Serialise to compact JSON with orjson; values orjson cannot write (integers beyond
-    64 bits, lone surrogates) go through the standard library, ASCII-escaped.
-
-    Raises:
-        ValueError: ``value`` holds a non-finite float (no JSON for it).
-    """
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)
-    except TypeError:  # orjson.JSONEncodeError: big integers, lone surrogates, Unrepresentable
-        try:
-            return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), allow_nan=False).encode()
-        except RecursionError as exc:
-            raise ValueError("JSON nested too deeply") from exc
-
-
-def id_json(request_id: object) -> bytes:
-    """The JSON of a JSON-RPC id (a string or an integer; :func:`dumps` for big integers)."""
-    try:
-        return orjson.dumps(request_id)
-    except TypeError:
-        return dumps(request_id)
-
-
-def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
-    """Serialise a JSON-RPC 2.0 error response; ``id`` is left out when ``None`` (basic/index)."""
-    err: dict[str, object] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    msg: dict[str, object] = {"jsonrpc": "2.0"}
-    if request_id is not None:
-        msg["id"] = request_id
-    msg["error"] = err
-    return dumps(msg)
 
 
 def method_label(method: str | None) -> str:
@@ -512,76 +274,6 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
 
 #: ``msg.get("id", _NO_ID)``: tells an absent id from ``"id": null`` in one lookup.
 _NO_ID: Final = object()
-
-
-class SSEParser:
-    """Incremental ``text/event-stream`` parser (WHATWG HTML, server-sent events).
-
-    :meth:`feed` takes raw bytes as they arrive and returns the ``data`` payload of each
-    event completed by them (multi-line data joined with ``\\n``); comments and other
-    fields are ignored. An event larger than ``max_event_bytes`` marks the parser
-    ``overflowed`` and it stops collecting.
-    """
-
-    __slots__ = ("_buf", "_data", "_max", "_started", "overflowed")
-
-    def __init__(self, max_event_bytes: int) -> None:
-        self._buf = b""
-        self._data: list[bytes] = []
-        self._max = max_event_bytes
-        self._started = False
-        self.overflowed = False
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        if self.overflowed:
-            return []
-        self._buf += chunk
-        if not self._started:
-            if len(self._buf) < len(_BOM) and _BOM.startswith(self._buf):
-                return []  # maybe a byte order mark, split across chunks
-            self._started = True
-            if self._buf.startswith(_BOM):  # the stream's leading BOM is not data (WHATWG)
-                self._buf = self._buf[len(_BOM) :]
-        events: list[bytes] = []
-        while True:
-            cut = _next_line_end(self._buf)
-            if cut is None:
-                break
-            end, nxt = cut
-            line, self._buf = self._buf[:end], self._buf[nxt:]
-            if not line:
-                if self._data:
-                    events.append(b"\n".join(self._data))
-                    self._data = []
-            elif line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-            elif line == b"data":
-                self._data.append(b"")
-        if len(self._buf) + sum(len(d) for d in self._data) > self._max:
-            self.overflowed = True
-            self._buf, self._data = b"", []
-        return events
-
-    def finish(self) -> list[bytes]:
-        """At the end of the stream: a trailing ``\r`` ends its line (it was held back in
-        case ``\n`` followed); an event without its blank line is dropped (WHATWG)."""
-        return self.feed(b"\n") if self._buf.endswith(b"\r") else []
-
-
-_BOM: Final = b"\xef\xbb\xbf"
-
-
-def _next_line_end(buf: bytes) -> tuple[int, int] | None:
-    """Position of the first line ending in ``buf`` and of the byte after it."""
-    cr, lf = buf.find(b"\r"), buf.find(b"\n")
-    if cr == -1 and lf == -1:
-        return None
-    if cr != -1 and (lf == -1 or cr < lf):
-        if cr + 1 == len(buf):
-            return None  # a \r at the end may still be followed by \n
-        return (cr, cr + 2) if buf[cr + 1 : cr + 2] == b"\n" else (cr, cr + 1)
-    return (lf, lf + 1)
 
 
 def response_id_matches(message: object, request_id: object) -> bool:

@@ -23,62 +23,19 @@ from multidict import CIMultiDict, istr
 from .accesslog import ACCESS_LOGGER
 from .auth import bearer_matches
 from .cache import STORED, CacheEntry, CacheKey, CacheStore, Clock, Coalescer, build_entry, make_key, store_outcome
+from .codec import id_json, loads, loads_relayed
 from .config import GatewayConfig
+from .errors import BadGateway, Forbidden, GatewayError, NotFound, Overloaded, PayloadTooLarge, Unauthorized
 from .journal import RequestJournal
 from .metrics import GatewayMetrics
-from .protocol import (
-    KNOWN_METHODS,
-    BadGateway,
-    GatewayError,
-    ParsedRequest,
-    SSEParser,
-    id_json,
-    loads,
-    loads_relayed,
-    parse_request,
-    response_id_matches,
-)
+from .protocol import KNOWN_METHODS, ParsedRequest, parse_request, response_id_matches
+from .sse import SSEParser
 from .upstream import RESPONSE_HEADERS, Upstream
 
-__all__ = ["CACHE_NAME", "Forbidden", "NotFound", "Overloaded", "PayloadTooLarge", "Proxy", "Unauthorized"]
+__all__ = ["CACHE_NAME", "Proxy"]
 
 CACHE_NAME: Final = "mcp-gateway"
 access_log = logging.getLogger(ACCESS_LOGGER)
-
-
-class NotFound(GatewayError):
-    """No upstream of that name (HTTP 404 with -32601, which dual-era clients read as modern)."""
-
-    code = -32601
-    status = 404
-
-
-class Unauthorized(GatewayError):
-    """Missing or wrong bearer token for the gateway (HTTP 401, ``WWW-Authenticate: Bearer``)."""
-
-    code = -32600
-    status = 401
-
-
-class Forbidden(GatewayError):
-    """An ``Origin`` that is present and not allowed (HTTP 403, streamable-http Security)."""
-
-    code = -32600
-    status = 403
-
-
-class PayloadTooLarge(GatewayError):
-    """Request body over ``listener.max_body_bytes`` (HTTP 413)."""
-
-    code = -32600
-    status = 413
-
-
-class Overloaded(GatewayError):
-    """Too many requests in flight to one upstream (HTTP 503 with ``Retry-After``)."""
-
-    code = -32603
-    status = 503
 
 
 class _Outcome:
@@ -393,11 +350,7 @@ class Proxy:
         if not self._tokens:
             return
         if not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), self._tokens):
-            raise Unauthorized(
-                "Unauthorized: a valid bearer token is required",
-                request_id=request_id,
-                headers={"WWW-Authenticate": 'Bearer realm="mcp-gateway"'},
-            )
+            raise Unauthorized(request_id=request_id)
 
     # -- forwarding ---------------------------------------------------------------------
 

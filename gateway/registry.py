@@ -41,6 +41,7 @@ from multidict import CIMultiDict
 from .auth import bearer_matches
 from .cache import CacheKey, CacheStore, Clock
 from .config import GatewayConfig, RegistryConfig
+from .errors import GatewayError
 from .metrics import GatewayMetrics
 from .protocol import (
     CLIENT_CAPABILITIES_KEY,
@@ -48,10 +49,9 @@ from .protocol import (
     MODERN_VERSION,
     MODERN_VERSIONS,
     PROTOCOL_VERSION_KEY,
-    GatewayError,
-    SSEParser,
     response_id_matches,
 )
+from .sse import SSEParser
 from .upstream import Upstream
 
 __all__ = [

@@ -17,7 +17,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from .config import UpstreamConfig
-from .protocol import BadGateway, GatewayTimeout, HeaderMismatch
+from .errors import BadGateway, GatewayTimeout, HeaderMismatch
 
 __all__ = ["RESPONSE_HEADERS", "Upstream"]
 

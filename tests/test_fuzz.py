@@ -39,18 +39,18 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from gateway import protocol
+from gateway import codec, protocol
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
+from gateway.errors import GatewayError
 from gateway.protocol import (
     CLIENT_CAPABILITIES_KEY,
     PROTOCOL_VERSION_KEY,
-    GatewayError,
     ParsedRequest,
-    SSEParser,
     decode_header_value,
     parse_request,
 )
+from gateway.sse import SSEParser
 
 V = "2026-07-28"
 LEGACY_V = "2025-11-25"
@@ -372,14 +372,14 @@ def test_a_relayed_answer_is_judged_as_the_exact_parse_judges_it(
     """loads_relayed (simdjson envelope or orjson alone) reaches the proxy's decisions of the
     exact parse: whether it answers the request, and the logged error code (within 64 bits)."""
     if pad:  # over ENVELOPE_MIN_BYTES, so that simdjson, when installed, is used
-        members = [*members, ("padding", "p" * protocol.ENVELOPE_MIN_BYTES)]
+        members = [*members, ("padding", "p" * codec.ENVELOPE_MIN_BYTES)]
     # Duplicate members are written as they are (json.dumps of pairs would keep the last).
     data = ("{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in members) + "}").encode()
     with pytest.MonkeyPatch.context() as patch:
         if not simdjson:
-            patch.setattr(protocol, "_ENVELOPE_PARSER", None)
-        relayed = protocol.loads_relayed(data, request_id)
-    exact = protocol.loads(data)
+            patch.setattr(codec, "_ENVELOPE_PARSER", None)
+        relayed = codec.loads_relayed(data, request_id)
+    exact = codec.loads(data)
     assert protocol.response_id_matches(relayed, request_id) == protocol.response_id_matches(exact, request_id)
 
     def code(message: Any) -> object:
@@ -394,13 +394,13 @@ def test_a_relayed_answer_is_judged_as_the_exact_parse_judges_it(
 def test_relayed_answers_of_any_size_are_judged(size: int) -> None:
     """Small ones and those over ENVELOPE_MAX_BYTES go to orjson, the others (with simdjson) to
     the envelope check: the same decisions."""
-    assert protocol.ENVELOPE_MIN_BYTES < 4096 < protocol.ENVELOPE_MAX_BYTES < 300_000
+    assert codec.ENVELOPE_MIN_BYTES < 4096 < codec.ENVELOPE_MAX_BYTES < 300_000
     result = {"tools": [], "padding": "p" * size}
     ok = orjson.dumps({"jsonrpc": "2.0", "id": 3, "result": result})
     other = orjson.dumps({"jsonrpc": "2.0", "id": 4, "result": result})
-    assert protocol.response_id_matches(protocol.loads_relayed(ok, 3), 3)
-    assert not protocol.response_id_matches(protocol.loads_relayed(other, 3), 3)
-    assert not protocol.response_id_matches(protocol.loads_relayed(ok, "3"), "3")
+    assert protocol.response_id_matches(codec.loads_relayed(ok, 3), 3)
+    assert not protocol.response_id_matches(codec.loads_relayed(other, 3), 3)
+    assert not protocol.response_id_matches(codec.loads_relayed(ok, "3"), "3")
 
 
 @PURE_SETTINGS

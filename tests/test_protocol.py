@@ -11,20 +11,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
+from gateway.errors import GatewayError, HeaderMismatch, InvalidParams, InvalidRequest, ParseError
 from gateway.protocol import (
     CLIENT_CAPABILITIES_KEY,
     PROTOCOL_VERSION_KEY,
-    GatewayError,
-    HeaderMismatch,
-    InvalidParams,
-    InvalidRequest,
-    ParseError,
-    SSEParser,
     decode_header_value,
     method_label,
     parse_request,
     response_id_matches,
 )
+from gateway.sse import SSEParser
 
 V = "2026-07-28"
 
@@ -263,7 +259,7 @@ def test_response_id_must_match_in_value_and_type() -> None:
 def test_loads_is_exact_where_orjson_would_round_or_refuse(raw: bytes) -> None:
     import json
 
-    from gateway.protocol import dumps, loads
+    from gateway.codec import dumps, loads
 
     assert loads(raw) == json.loads(raw)
     assert loads(dumps(loads(raw))) == json.loads(raw)
@@ -271,7 +267,7 @@ def test_loads_is_exact_where_orjson_would_round_or_refuse(raw: bytes) -> None:
 
 @pytest.mark.parametrize("raw", [b"NaN", b"[Infinity]", b"-Infinity"])
 def test_loads_rejects_non_json_constants(raw: bytes) -> None:
-    from gateway.protocol import loads
+    from gateway.codec import loads
 
     with pytest.raises(ValueError):
         loads(raw)

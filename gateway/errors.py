@@ -1,0 +1,181 @@
+"""Every error the gateway answers itself, and the one function that turns one into a response.
+
+Each error knows its JSON-RPC code and its HTTP status (MCP 2026-07-28, Base Protocol, "Error
+codes", and Streamable HTTP transport, "Sending Messages to the Server": a request the server
+rejects gets a JSON-RPC error with the request's ``id`` and a 4xx status; a bare 4xx would push a
+dual-era client into the legacy fallback). Transport failures on the way to an upstream become
+:class:`BadGateway` / :class:`GatewayTimeout` in ``gateway.upstream`` only.
+
+The tree is flat on purpose: one base class, one subclass per (code, status) pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from aiohttp import web
+
+from .codec import dumps
+
+__all__ = [
+    "BadGateway",
+    "Forbidden",
+    "GatewayError",
+    "GatewayTimeout",
+    "HeaderMismatch",
+    "InvalidParams",
+    "InvalidRequest",
+    "NotFound",
+    "Overloaded",
+    "ParseError",
+    "PayloadTooLarge",
+    "Unauthorized",
+    "error_body",
+    "error_response",
+]
+
+#: The realm of the MCP and registry routes' bearer challenge (RFC 6750 §3).
+REALM: Final = "mcp-gateway"
+
+
+def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
+    """A JSON-RPC 2.0 error response; ``id`` is left out when ``None`` (it could not be read)."""
+    err: dict[str, object] = {"code": code, "message": message}
+    if data is not None:
+        err["data"] = data
+    msg: dict[str, object] = {"jsonrpc": "2.0"}
+    if request_id is not None:
+        msg["id"] = request_id
+    msg["error"] = err
+    return dumps(msg)
+
+
+class GatewayError(Exception):
+    """An error the gateway answers itself: JSON-RPC ``code``, HTTP ``status``.
+
+    ``request_id`` is echoed in the body when the request's id could be read; ``data`` goes
+    into the error object; ``headers`` are added to the HTTP response.
+    """
+
+    code: int = -32603
+    status: int = 500
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: object = None,
+        data: object = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.request_id = request_id
+        self.data = data
+        self.headers = dict(headers or {})
+
+    def body(self) -> bytes:
+        """The JSON-RPC error response body."""
+        return error_body(self.code, self.message, self.request_id, self.data)
+
+
+class ParseError(GatewayError):
+    """The body is not JSON (-32700, HTTP 400)."""
+
+    code = -32700
+    status = 400
+
+
+class InvalidRequest(GatewayError):
+    """Not a single JSON-RPC request object, e.g. a batch (-32600, HTTP 400)."""
+
+    code = -32600
+    status = 400
+
+
+class InvalidParams(GatewayError):
+    """Required ``params._meta`` fields missing (-32602, HTTP 400; Base Protocol, "_meta")."""
+
+    code = -32602
+    status = 400
+
+
+class HeaderMismatch(GatewayError):
+    """A request-metadata header missing or disagreeing with the body (-32020, HTTP 400;
+    Streamable HTTP transport, "Server Validation")."""
+
+    code = -32020
+    status = 400
+
+
+class NotFound(GatewayError):
+    """No upstream of that name (HTTP 404 with -32601, which dual-era clients read as modern)."""
+
+    code = -32601
+    status = 404
+
+
+class Unauthorized(GatewayError):
+    """A missing or wrong bearer token (HTTP 401 with ``WWW-Authenticate: Bearer``, RFC 6750 §3).
+
+    The one 401 of the gateway: the MCP routes, the registry routes and the admin routes all
+    answer it, each naming its realm.
+    """
+
+    code = -32600
+    status = 401
+
+    def __init__(self, *, request_id: object = None, realm: str = REALM) -> None:
+        super().__init__(
+            "Unauthorized: a valid bearer token is required",
+            request_id=request_id,
+            headers={"WWW-Authenticate": f'Bearer realm="{realm}"'},
+        )
+
+
+class Forbidden(GatewayError):
+    """An ``Origin`` that is present and not allowed (HTTP 403; Streamable HTTP transport,
+    "Security Warning": DNS rebinding)."""
+
+    code = -32600
+    status = 403
+
+
+class PayloadTooLarge(GatewayError):
+    """A request body over ``listener.max_body_bytes`` (HTTP 413)."""
+
+    code = -32600
+    status = 413
+
+
+class Overloaded(GatewayError):
+    """Too many requests in flight to one upstream (HTTP 503 with ``Retry-After``)."""
+
+    code = -32603
+    status = 503
+
+
+class BadGateway(GatewayError):
+    """The upstream was unreachable, reset the connection or answered something that is not
+    JSON-RPC (-32603 Internal error, HTTP 502)."""
+
+    code = -32603
+    status = 502
+
+
+class GatewayTimeout(GatewayError):
+    """The upstream did not answer in time (-32603 Internal error, HTTP 504)."""
+
+    code = -32603
+    status = 504
+
+
+def error_response(err: GatewayError, cache_status: str | None = None) -> web.Response:
+    """``err`` as an HTTP response: its status, its JSON-RPC body, its headers, and on MCP
+    routes the ``Cache-Status`` (RFC 9211) of what happened before the error."""
+    headers = {"Content-Type": "application/json"}
+    if cache_status is not None:
+        headers["Cache-Status"] = cache_status
+    headers.update(err.headers)
+    return web.Response(body=err.body(), status=err.status, headers=headers)
