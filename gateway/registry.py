@@ -39,7 +39,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from .auth import bearer_matches
-from .cache import CacheKey, CacheStore, Clock
+from .cache import CacheKey, CacheStore, Clock, invalidation, uri_of
 from .config import GatewayConfig, RegistryConfig
 from .errors import GatewayError
 from .metrics import GatewayMetrics
@@ -68,7 +68,6 @@ __all__ = [
     "backoff_delay",
     "classify_discover",
     "classify_initialize",
-    "invalidation",
     "probe_delay",
 ]
 
@@ -641,48 +640,6 @@ class Prober:
             log.debug("upstream %s: ending probe session failed: %s", self.upstream.name, err.message)
 
 
-# -- invalidation (pure) ---------------------------------------------------------------------------
-
-
-def _uri_of(key: CacheKey) -> object:
-    try:
-        params = orjson.loads(key.params)
-    except orjson.JSONDecodeError:
-        return None
-    return params.get("uri") if isinstance(params, dict) else None
-
-
-def invalidation(upstream: str, method: str, params: Mapping[str, Any]) -> Callable[[CacheKey], bool] | None:
-    """Which of ``upstream``'s cache entries a listen-stream notification makes stale (digest §8).
-
-    ``tools/list_changed`` → every ``tools/list`` page; ``prompts/list_changed`` → ``prompts/list``;
-    ``resources/list_changed`` → ``resources/list`` and ``resources/templates/list`` (which has no
-    notification of its own); ``resources/updated {uri}`` → ``resources/read`` of that URI and of
-    its sub-resources. ``None`` for any other notification.
-    """
-    methods = {
-        "notifications/tools/list_changed": ("tools/list",),
-        "notifications/prompts/list_changed": ("prompts/list",),
-        "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
-    }.get(method)
-    if methods is not None:
-        return lambda k: k.upstream == upstream and k.method in methods
-    if method == "notifications/resources/updated":
-        uri = params.get("uri")
-        if not isinstance(uri, str):
-            return None
-        prefix = uri.rstrip("/") + "/"
-
-        def stale(k: CacheKey) -> bool:
-            if k.upstream != upstream or k.method != "resources/read":
-                return False
-            cached = _uri_of(k)
-            return isinstance(cached, str) and (cached == uri or cached.startswith(prefix))
-
-        return stale
-    return None
-
-
 # -- listen streams -----------------------------------------------------------------------------------
 
 
@@ -1129,12 +1086,11 @@ class Registry:
         if self._uris_at is None or now - self._uris_at >= LISTEN_RESYNC_S:
             self._uris_at = now
             found: dict[str, set[str]] = {}
-            if isinstance(self.store, Iterable):  # MemoryStore iterates its keys
-                for key in list(self.store):
-                    if isinstance(key, CacheKey) and key.method == "resources/read":
-                        uri = _uri_of(key)
-                        if isinstance(uri, str):
-                            found.setdefault(key.upstream, set()).add(uri)
+            for key in self.store.keys():
+                if key.method == "resources/read":
+                    uri = uri_of(key)
+                    if isinstance(uri, str):
+                        found.setdefault(key.upstream, set()).add(uri)
             self._uris = {name: tuple(sorted(uris)[:MAX_RESOURCE_SUBSCRIPTIONS]) for name, uris in found.items()}
         return self._uris.get(upstream, ())
 

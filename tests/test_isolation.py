@@ -236,7 +236,7 @@ async def make_env(aiohttp_server: Any, aiohttp_client: Any) -> MakeEnv:
 
 def stored_entries(env: Env, marker: str) -> int:
     """Cache entries whose key params contain ``marker`` (each example uses its own cursor)."""
-    return sum(1 for key in env.app[STORE] if marker.encode() in key.params)
+    return sum(1 for key in env.app[STORE].keys() if marker.encode() in key.params)
 
 
 # -- 1. private answers stay with their caller; public answers are shared ------------------------------------
@@ -338,7 +338,7 @@ async def test_private_answers_never_reach_another_caller_and_public_answers_are
     # Private answers are never stored. The public answer is stored once per authorization context:
     # once in all where the upstream does not see credentials; once per caller credential where it
     # does (forward_authorization), since it authenticates each request itself.
-    assert not any(k.method == "tools/list" for k in env.app[STORE])
+    assert not any(k.method == "tools/list" for k in env.app[STORE].keys())
     public_callers = [c for c in callers if c.method == "prompts/list"]
     contexts = {c.who for c in public_callers} if identity == "authorization" else {0}
     if public_results:

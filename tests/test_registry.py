@@ -27,10 +27,11 @@ from prometheus_client import CollectorRegistry
 from gateway.app import REGISTRY, STORE, create_app
 from gateway.cache import CacheKey, MemoryStore, canonical_json
 from gateway.config import ConfigError, RegistryConfig, UpstreamConfig, parse_config
+from gateway.cache import invalidation
 from gateway.registry import (
     LIVE_META_KEY,
-    PROBE_JITTER,
     Listener,
+    PROBE_JITTER,
     ProbeRecord,
     ProbeResult,
     RegistryState,
@@ -38,7 +39,6 @@ from gateway.registry import (
     backoff_delay,
     classify_discover,
     classify_initialize,
-    invalidation,
     probe_delay,
 )
 from gateway.upstream import Upstream as GatewayUpstream
@@ -112,7 +112,7 @@ class Gateway:
         return self.app[STORE]
 
     def keys(self, upstream: str) -> list[CacheKey]:
-        return [k for k in self.store if k.upstream == upstream]
+        return [k for k in self.store.keys() if k.upstream == upstream]
 
     def metric(self, name: str, **labels: str) -> float | None:
         return self.metrics.get_sample_value(name, labels)

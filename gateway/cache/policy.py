@@ -1,0 +1,157 @@
+"""Cache policy: what may be stored, how an entry answers a hit, and what a notification makes stale.
+
+MCP 2026-07-28, caching utility: a result of the six cacheable methods carries ``ttlMs`` and
+``cacheScope``; a shared cache may keep it only when ``cacheScope`` is ``"public"``, for no longer
+than ``ttlMs`` from receipt, and answers with ``ttlMs`` lowered to the time that is left.
+``resultType`` other than ``"complete"`` (an input-required result) is never a cacheable answer.
+Notifications (``notifications/*/list_changed``, ``notifications/resources/updated``) make
+entries stale before their time (subscriptions: ``subscriptions/listen``).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from ..codec import dumps
+from .keys import CacheKey
+
+__all__ = ["STORED", "CacheEntry", "build_entry", "invalidation", "store_outcome", "uri_of"]
+
+STORED: Final = "stored"
+
+
+def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> str:
+    """Decide whether an upstream answer may be stored.
+
+    ``message`` is the parsed JSON-RPC response and ``size`` its serialised size in bytes.
+    Returns ``"stored"`` or the reason it may not be: ``status`` (not HTTP 200), ``error``
+    (JSON-RPC error or not a result), ``input_required`` (``resultType`` other than
+    ``complete``), ``private`` (``cacheScope`` not exactly ``public``, absent included,
+    digest §13.2), ``no_ttl`` (``ttlMs`` absent, not an integer, or ``<= 0``), ``too_large``.
+    """
+    if status != 200:
+        return "status"
+    if not isinstance(message, dict) or "error" in message:
+        return "error"
+    result = message.get("result")
+    if not isinstance(result, dict):
+        return "error"
+    if result.get("resultType") != "complete":
+        return "input_required"
+    if result.get("cacheScope") != "public":
+        return "private"
+    ttl = result.get("ttlMs")
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
+        return "no_ttl"
+    if size > max_entry_bytes:
+        return "too_large"
+    return STORED
+
+
+_RESPONSE_START: Final = b'{"jsonrpc":"2.0","id":'
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One stored result, pre-rendered so a hit costs one byte join.
+
+    ``head`` and ``tail`` are the serialised result before and after its ``ttlMs`` value
+    (views of one buffer, so the result is held once). The response to a hit is
+    ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs + ``tail``;
+    ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored lifetime
+    (already capped by ``max_ttl_ms``), ``size`` the payload size in bytes.
+    """
+
+    head: bytes | memoryview
+    tail: bytes | memoryview
+    stored_at: float
+    expires_at: float
+    ttl_ms: int
+    size: int
+
+    def remaining_ms(self, now: float) -> int:
+        """Milliseconds of freshness left at ``now``, floored at 0."""
+        return max(0, math.floor((self.expires_at - now) * 1000))
+
+    def response(self, id_json: bytes, now: float) -> bytes:
+        """The JSON-RPC response for a caller whose id serialises to ``id_json``."""
+        return self.hit(id_json, now)[0]
+
+    def hit(self, id_json: bytes, now: float) -> tuple[bytes, int]:
+        """The response for a cache hit at ``now`` and the ``ttlMs`` it carries (what is left)."""
+        ttl_ms = self.remaining_ms(now)
+        return b"".join((_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail)), ttl_ms
+
+
+_RESULT: Final = b',"result":'
+_PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)
+_PLACEHOLDER_JSON: Final = dumps(_PLACEHOLDER)
+
+
+def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> CacheEntry | None:
+    """Pre-render a storable response (see :func:`store_outcome`) as a :class:`CacheEntry`.
+
+    Lifetime is ``min(ttlMs, max_ttl_ms)`` from ``now``. Returns ``None`` if the result
+    cannot be split around its ``ttlMs`` (it never happens for JSON the gateway parsed).
+    """
+    result = dict(message["result"])
+    ttl_ms = min(int(result["ttlMs"]), max_ttl_ms)
+    result["ttlMs"] = _PLACEHOLDER
+    try:
+        # A fresh, exact-size copy: orjson's own output buffer is over-allocated, and the
+        # entry may live for an hour.
+        rendered = _RESULT + dumps(result) + b"}"
+    except ValueError:  # a non-finite number parsed from an exotic literal: not storable
+        return None
+    at = rendered.find(_PLACEHOLDER_JSON)
+    end = at + len(_PLACEHOLDER_JSON)
+    if at < 0 or rendered.find(_PLACEHOLDER_JSON, end) >= 0:
+        return None
+    view = memoryview(rendered)
+    return CacheEntry(view[:at], view[end:], now, now + ttl_ms / 1000, ttl_ms, len(rendered))
+
+
+def uri_of(key: CacheKey) -> object:
+    """The ``uri`` of a ``resources/read`` key (``None`` for other keys)."""
+    try:
+        params = orjson.loads(key.params)
+    except orjson.JSONDecodeError:
+        return None
+    return params.get("uri") if isinstance(params, dict) else None
+
+
+def invalidation(upstream: str, method: str, params: Mapping[str, Any]) -> Callable[[CacheKey], bool] | None:
+    """Which of ``upstream``'s cache entries a listen-stream notification makes stale (digest §8).
+
+    ``tools/list_changed`` → every ``tools/list`` page; ``prompts/list_changed`` → ``prompts/list``;
+    ``resources/list_changed`` → ``resources/list`` and ``resources/templates/list`` (which has no
+    notification of its own); ``resources/updated {uri}`` → ``resources/read`` of that URI and of
+    its sub-resources. ``None`` for any other notification.
+    """
+    methods = {
+        "notifications/tools/list_changed": ("tools/list",),
+        "notifications/prompts/list_changed": ("prompts/list",),
+        "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
+    }.get(method)
+    if methods is not None:
+        return lambda k: k.upstream == upstream and k.method in methods
+    if method == "notifications/resources/updated":
+        uri = params.get("uri")
+        if not isinstance(uri, str):
+            return None
+        prefix = uri.rstrip("/") + "/"
+
+        def stale(k: CacheKey) -> bool:
+            if k.upstream != upstream or k.method != "resources/read":
+                return False
+            cached = uri_of(k)
+            return isinstance(cached, str) and (cached == uri or cached.startswith(prefix))
+
+        return stale
+    return None
