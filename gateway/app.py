@@ -17,10 +17,11 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from .auth import bearer_matches
 from .cache import Clock, MemoryStore
 from .config import GatewayConfig
-from .metrics import GatewayMetrics
+from .errors import Unauthorized, error_response
 from .protocol import KNOWN_METHODS
-from .proxy import Proxy
+from .proxy import HotProxy, Proxy
 from .registry import Registry, RegistryViews
+from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
 __all__ = ["CONFIG", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
@@ -41,6 +42,7 @@ def create_app(
     metrics_registry: CollectorRegistry | None = None,
     rng: Callable[[], float] = random.random,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    hot_path: bool = True,
 ) -> web.Application:
     """Build the gateway for ``config``.
 
@@ -49,9 +51,11 @@ def create_app(
     ``rng`` (floats in ``[0, 1)``) and ``sleep`` (seconds) drive the registry's jittered probe
     schedule. The shared ``aiohttp.ClientSession`` and the registry's background tasks (probes,
     listen streams; only with a ``[registry]`` table) are started and stopped in ``cleanup_ctx``.
+    ``hot_path=False`` serves the MCP routes with the plain :class:`~gateway.proxy.Proxy` instead
+    of :class:`~gateway.proxy.HotProxy` (the same answers; for the benchmark and the tests).
     """
     # No app-wide middleware: the MCP routes answer their own unexpected errors as JSON-RPC
-    # (Proxy._internal_error), and a middleware costs every cache hit ~8% (bench/). Other
+    # (Proxy.internal_error), and a middleware costs every cache hit ~8% (bench/RESULTS.md). Other
     # routes get aiohttp's plain 500, which never carries a traceback either.
     app = web.Application(client_max_size=config.listener.max_body_bytes)
     metrics = GatewayMetrics(metrics_registry if metrics_registry is not None else CollectorRegistry())
@@ -62,7 +66,7 @@ def create_app(
         on_evict=metrics.evicted,
     )
     upstreams: dict[str, Upstream] = {}
-    proxy = Proxy(config, upstreams, store, metrics, clock)
+    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock)
     registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep)
     proxy.on_success = registry.observe
     app[CONFIG] = config
@@ -109,7 +113,7 @@ def create_app(
 
     # The MCP routes: one exact path per configured upstream, its name bound to the handler,
     # found with one dict lookup (aiohttp indexes plain paths), where the pattern route costs
-    # a regular expression and a match dict per request (~4% of a cache hit, bench/). The
+    # a regular expression and a match dict per request (~4% of a cache hit, bench/RESULTS.md). The
     # pattern route answers every other name with the proxy's JSON-RPC 404. Names match
     # UPSTREAM_NAME_PATTERN: nothing in them needs escaping in a path.
     for name in config.upstreams:
@@ -157,11 +161,7 @@ async def _purge(request: web.Request) -> web.Response:
     config = request.app[CONFIG]
     assert config.admin is not None
     if not bearer_matches(request.headers.get("Authorization"), (config.admin.token.encode(),)):
-        return web.json_response(
-            {"error": "admin token required"},
-            status=401,
-            headers={"WWW-Authenticate": 'Bearer realm="mcp-gateway-admin"'},
-        )
+        return error_response(Unauthorized(realm="mcp-gateway-admin"))
     upstream = request.query.get("upstream")
     method = request.query.get("method")
     if upstream is not None and upstream not in config.upstreams:
@@ -172,5 +172,5 @@ async def _purge(request: web.Request) -> web.Response:
     count = store.purge(
         lambda k: (upstream is None or k.upstream == upstream) and (method is None or k.method == method), "purge"
     )
-    request.app[PROXY]._update_size_gauges()
+    request.app[PROXY].update_size_gauges()
     return web.json_response({"purged": count})

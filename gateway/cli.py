@@ -15,8 +15,8 @@ from typing import Final
 
 from aiohttp import web
 
-from .accesslog import ACCESS_LOGGER, AccessLogHandler
 from .config import ConfigError, GatewayConfig, load_config
+from .telemetry import ACCESS_LOGGER, AccessLogHandler
 
 __all__ = ["main"]
 
@@ -52,7 +52,7 @@ def setup_logging(level: str, fmt: str) -> None:
     """Log to stderr; ``fmt`` is ``json`` (one object per line) or ``text``.
 
     In JSON, the access log (``mcp_gateway.access``, one line per MCP request at INFO) has
-    its own :class:`~gateway.accesslog.AccessLogHandler`: the same line shape, at a fraction
+    its own :class:`~gateway.telemetry.AccessLogHandler`: the same line shape, at a fraction
     of the cost of a ``logging`` record, which matters on the cached path.
     """
     handler = logging.StreamHandler()

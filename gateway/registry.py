@@ -42,7 +42,6 @@ from .auth import bearer_matches
 from .cache import CacheKey, CacheStore, Clock, invalidation, uri_of
 from .config import GatewayConfig, RegistryConfig
 from .errors import GatewayError
-from .metrics import GatewayMetrics
 from .protocol import (
     CLIENT_CAPABILITIES_KEY,
     LEGACY_VERSIONS,
@@ -52,6 +51,7 @@ from .protocol import (
     response_id_matches,
 )
 from .sse import SSEParser
+from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
 __all__ = [

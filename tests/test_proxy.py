@@ -21,11 +21,11 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import proxy as proxy_module
-from gateway.accesslog import ACCESS_LOGGER, AccessLogHandler
+from gateway.proxy import hot
+from gateway.telemetry import ACCESS_LOGGER, AccessLogHandler
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
-from gateway.journal import BATCH_DELAY_S
+from gateway.telemetry import BATCH_DELAY_S
 from gateway.protocol import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 
 V = "2026-07-28"
@@ -218,8 +218,8 @@ def test_cache_hits_are_answered_with_the_lean_response_on_this_aiohttp() -> Non
     """_CachedResponse must build what web.Response builds; if an aiohttp release changed
     that, hits would fall back to web.Response: this test says so first."""
     headers = CIMultiDict({"Content-Type": "application/json", "Cache-Status": "mcp-gateway; hit; ttl=5"})
-    assert proxy_module._LEAN_RESPONSES
-    lean = proxy_module._CachedResponse(b'{"a":1}', headers.copy())
+    assert hot.LEAN_RESPONSES
+    lean = hot.LeanResponse(b'{"a":1}', headers.copy())
     assert vars(lean) == vars(web.Response(body=b'{"a":1}', headers=headers))
     assert isinstance(lean, web.Response) and lean.status == 200 and lean.body == b'{"a":1}'
 

@@ -1,14 +1,14 @@
 """Finished MCP requests: recorded with one tuple append, handed on in batches.
 
 Every request on an MCP route ends with :meth:`RequestJournal.add`. The journal hands its
-records, in batches, to the per-request metrics (:meth:`~gateway.metrics.RequestMetrics.add`)
+records, in batches, to the per-request metrics (:meth:`~gateway.telemetry.metrics.RequestMetrics.add`)
 and, when the ``mcp_gateway.access`` logger is enabled for INFO, to the access log: every
 ``BATCH_RECORDS`` requests, ``BATCH_DELAY_S`` after the first request of a batch, and before
 every ``/metrics`` scrape (so a scrape sees every request that ended before it).
 
 Why: updating three metric families and writing a log line per request cost a cache hit
-more than everything else it does (README "Performance"); a batch is added up and formatted
-in a few tight loops. Single-threaded: add from the event loop.
+more than everything else it does (bench/RESULTS.md); a batch is added up and formatted in a
+few tight loops. Single-threaded: add from the event loop.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import contextlib
 import logging
 import sys
 import time
-from typing import Any, Final
+from typing import Final
 
-from .accesslog import direct_handler
+from .accesslog import direct_handler, request_fields
 from .metrics import RequestMetrics
-from .records import ENDED, REQUEST_FIELDS, SECONDS, RequestRecord
+from .record import RequestRecord
 
 __all__ = ["BATCH_DELAY_S", "BATCH_RECORDS", "RequestJournal"]
 
@@ -36,10 +36,10 @@ _INFO: Final = logging.INFO
 
 
 class RequestJournal:
-    """Collects request records (gateway.records) and hands them on in batches (see module)."""
+    """Collects request records and hands them on in batches (see the module)."""
 
     def __init__(self, metrics: RequestMetrics, logger: logging.Logger) -> None:
-        self._records: list[Any] = []
+        self._records: list[RequestRecord] = []
         self._metrics = metrics
         self._logger = logger
         self._scheduled: asyncio.TimerHandle | None = None
@@ -77,11 +77,11 @@ class RequestJournal:
         # stamped with the time its request ended.
         offset = time.time() - time.perf_counter()
         for record in batch:
-            fields = dict(zip(REQUEST_FIELDS, record, strict=False))
-            fields["duration_ms"] = round(record[SECONDS] * 1000, 3)
             try:
-                log_record = logger.makeRecord(logger.name, _INFO, __file__, 0, "request", (), None, extra=fields)
-                created = record[ENDED] + offset
+                log_record = logger.makeRecord(
+                    logger.name, _INFO, __file__, 0, "request", (), None, extra=request_fields(record)
+                )
+                created = record.ended + offset
                 log_record.created = created
                 log_record.msecs = (created - int(created)) * 1000
                 logger.handle(log_record)

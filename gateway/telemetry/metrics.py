@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import operator
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-from .records import CACHE, LOOKUP, METHOD, SECONDS, STATUS, UPSTREAM, UPSTREAM_SECONDS
+from .record import RequestRecord
 
 __all__ = ["GatewayMetrics", "RequestMetrics"]
 
@@ -29,14 +28,14 @@ class RequestMetrics:
     """The metrics updated by every MCP request, added up in batches (a prometheus_client
     custom collector).
 
-    Families (README "Metrics"): ``mcp_gateway_requests_total{upstream,method,status}``,
+    Families: ``mcp_gateway_requests_total{upstream,method,status}``,
     ``mcp_gateway_request_duration_seconds{upstream,method,cache}`` (a histogram, seconds),
     ``mcp_gateway_cache_lookups_total{upstream,method,result}`` and
     ``mcp_gateway_upstream_request_duration_seconds{upstream,method}`` (a histogram, seconds).
 
     Why not ``Counter``/``Histogram``: each of their updates takes a lock and a histogram
-    walks its bounds in Python, together a sizeable part of answering a cache hit (bench/).
-    Requests come in batches of request records (:meth:`add`, from gateway.journal), added up
+    walks its bounds in Python, together a sizeable part of answering a cache hit (bench/RESULTS.md).
+    Requests come in batches of request records (:meth:`add`, from the journal), added up
     with C-level counting; ``before_collect`` (the journal's ``drain``) is called before every
     scrape, so a scrape sees every request that ended before it. The families are rendered
     by prometheus_client (``CounterMetricFamily``/``HistogramMetricFamily``: the same samples,
@@ -59,16 +58,15 @@ class RequestMetrics:
         self.before_collect: Callable[[], None] | None = None
         registry.register(self)
 
-    def add(self, records: Sequence[Sequence[Any]]) -> None:
-        """Add up a batch of request records (gateway.records): their upstream, method, HTTP
-        status, cache label, duration (seconds), cache lookup result and upstream time."""
+    def add(self, records: Sequence[RequestRecord]) -> None:
+        """Add up a batch of request records."""
         if not records:
             return
         now = time.time()
-        columns = list(zip(*records, strict=True))
-        upstream, method, status, cache, seconds, lookup, upstream_seconds = (
-            columns[i] for i in (UPSTREAM, METHOD, STATUS, CACHE, SECONDS, LOOKUP, UPSTREAM_SECONDS)
-        )
+        # The batch as one record of columns: each field a tuple of every record's value.
+        columns: Any = RequestRecord._make(zip(*records, strict=True))
+        upstream, method, status, cache = columns.upstream, columns.method, columns.status, columns.cache
+        seconds, lookup = columns.seconds, columns.lookup
         # le is inclusive: bisect_left puts a value equal to a bound in that bound's bucket.
         buckets = map(bisect_left, itertools.repeat(self._bounds), seconds)
         # One C-level count of every kind of request in the batch (a batch holds few kinds),
@@ -96,12 +94,10 @@ class RequestMetrics:
             series[bucket] += count
         for key, total in _sums(list(zip(upstream, method, cache, strict=True)), seconds).items():
             durations[key][-1] += total
-        forwarded = list(map(operator.is_not, upstream_seconds, itertools.repeat(None)))
-        if any(forwarded):
+        forwarded = [(r.upstream, r.method, r.upstream_seconds) for r in records if r.upstream_seconds is not None]
+        if forwarded:
             self._observe(
-                self._upstream_durations,
-                list(itertools.compress(zip(upstream, method, strict=True), forwarded)),
-                list(itertools.compress(upstream_seconds, forwarded)),
+                self._upstream_durations, [(u, m) for u, m, _ in forwarded], [s for _, _, s in forwarded]
             )
 
     def _observe(self, store: dict[Any, list[float]], keys: list[Any], values: list[float]) -> None:
@@ -181,13 +177,7 @@ class RequestMetrics:
 
 
 def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
-    """The sum of ``values`` by key. A batch holds a few kinds of request: one C-level pass
-    per key then, a Python loop for more."""
-    distinct = set(keys)
-    if len(distinct) == 1:
-        return {keys[0]: sum(values)}  # the usual batch: one kind of request
-    if len(distinct) <= 8:
-        return {key: sum(itertools.compress(values, map(operator.eq, keys, itertools.repeat(key)))) for key in distinct}
+    """The sum of ``values`` by key."""
     sums: dict[Any, float] = {}
     for key, value in zip(keys, values, strict=True):
         sums[key] = sums.get(key, 0.0) + value
@@ -195,7 +185,7 @@ def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
 
 
 class GatewayMetrics:
-    """Every metric the gateway exports (README "Metrics")."""
+    """Every metric the gateway exports (README, "Metrics")."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -232,7 +222,7 @@ class GatewayMetrics:
             namespace=ns,
             registry=registry,
         )
-        # Read at scrape time from each Upstream's count (gateway.app binds them).
+        # Read at scrape time from each Upstream's count (create_app binds them).
         self.inflight = Gauge(
             "inflight_requests",
             "Requests being forwarded to the upstream now.",

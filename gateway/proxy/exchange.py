@@ -1,0 +1,93 @@
+"""One MCP request on its way through the proxy: what it carries and what it ended as.
+
+The ``Cache-Status`` response header (RFC 9211) names this cache ``mcp-gateway`` and says what
+happened: ``hit; ttl=S`` (``collapsed`` when the request waited for another's miss), or
+``fwd=miss|bypass``, the upstream's ``fwd-status``, ``stored; ttl=S`` and a ``detail``: why it
+bypassed the cache (``uncacheable``, ``legacy``, ``notification``, ``input-responses``,
+``unknown-version``, ``disabled``), why the answer was not stored (``private``, ``error``,
+``status``, ``input-required``, ``no-ttl``, ``too-large``, ``refused``), ``upstream-error``, or
+``rejected`` (the gateway answered the request itself).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from ..cache import CacheEntry, CacheKey
+    from ..protocol import ParsedRequest
+    from ..upstream import Upstream
+
+__all__ = ["CACHE_NAME", "Exchange", "hit_status"]
+
+CACHE_NAME: Final = "mcp-gateway"
+
+
+def hit_status(ttl_ms: int, collapsed: bool) -> str:
+    """The ``Cache-Status`` of a hit whose answer carries ``ttlMs`` ``ttl_ms`` (milliseconds;
+    the header's ``ttl`` is whole seconds)."""
+    status = f"{CACHE_NAME}; hit; ttl={ttl_ms // 1000}"
+    return f"{status}; collapsed" if collapsed else status
+
+
+class Exchange:
+    """The state of one MCP request, handed from step to step of the proxy.
+
+    Set on the way in: ``request``, ``upstream_name`` (from the route; may name no upstream),
+    ``upstream`` (once found), ``body`` (the raw request body, forwarded as it is), ``parsed``,
+    ``key`` (the cache key, ``None`` when the cache is bypassed).
+
+    Set on the way out, for the response and the request record: ``method`` (the metric
+    label), ``cache`` (``hit``, ``miss``, ``bypass``), ``lookup`` (``hit``, ``miss``,
+    ``coalesced``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
+    error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
+    ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
+    answer stored), ``upstream_seconds`` (the time the upstream took) and ``disconnected``.
+
+    The defaults are class attributes: one exchange is built per request, and a hit sets few.
+    """
+
+    upstream: Upstream | None = None
+    body: bytes | None = None
+    parsed: ParsedRequest | None = None
+    key: CacheKey | None = None
+    method: str = "other"
+    cache: str = "bypass"
+    lookup: str | None = None
+    error_code: int | None = None
+    hit: str | None = None
+    fwd: str | None = None
+    fwd_status: int | None = None
+    stored_ttl_ms: int | None = None
+    detail: str | None = None
+    entry: CacheEntry | None = None
+    upstream_seconds: float | None = None
+    disconnected: bool = False
+
+    def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:
+        self.request = request
+        self.upstream_name = upstream_name
+        if method != "other":
+            self.method = method
+
+    @property
+    def request_id(self) -> object:
+        """The request's JSON-RPC id, ``None`` until parsed (or for a notification)."""
+        return self.parsed.request_id if self.parsed is not None else None
+
+    def cache_status(self) -> str:
+        """The ``Cache-Status`` value of what has happened so far (RFC 9211)."""
+        if self.hit is not None:
+            return self.hit
+        parts = [CACHE_NAME]
+        if self.fwd is not None:
+            parts.append(f"fwd={self.fwd}")
+        if self.fwd_status is not None:
+            parts.append(f"fwd-status={self.fwd_status}")
+        if self.stored_ttl_ms is not None:
+            parts.append(f"stored; ttl={self.stored_ttl_ms // 1000}")
+        if self.detail is not None:
+            parts.append(f"detail={self.detail}")
+        return "; ".join(parts)

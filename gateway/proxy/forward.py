@@ -1,0 +1,241 @@
+"""Forwarding one request upstream, relaying the answer, and storing it when it may be stored.
+
+The request body goes upstream byte for byte; a JSON answer is relayed whole, an SSE answer
+chunk by chunk as it arrives (MCP 2026-07-28, Streamable HTTP transport, "Sending Messages": the
+server may answer with one JSON object or an event stream whose last event is the response).
+Only the answer to a cacheable request is parsed whole; others are checked for their envelope.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ..cache import STORED, CacheEntry, CacheStore, Clock, build_entry, store_outcome
+from ..codec import loads, loads_relayed
+from ..config import GatewayConfig
+from ..errors import BadGateway, GatewayError, Overloaded
+from ..protocol import response_id_matches
+from ..sse import SSEParser
+from ..telemetry import GatewayMetrics
+from ..upstream import RESPONSE_HEADERS, Upstream
+from .exchange import Exchange
+
+__all__ = ["Forwarder", "error_code"]
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+def error_code(message: object) -> int | None:
+    """The ``error.code`` of a JSON-RPC error response, if it is an integer (a bool is not)
+    that fits a metric label and a log line (64 bits)."""
+    if isinstance(message, dict) and isinstance(err := message.get("error"), dict):
+        code = err.get("code")
+        if type(code) is int and _INT64_MIN <= code <= _INT64_MAX:
+            return code
+    return None
+
+
+def _final_response(events: list[bytes], request_id: object) -> tuple[dict[str, object] | None, int]:
+    """The JSON-RPC response to ``request_id`` among SSE ``events``, with its size in bytes."""
+    for data in events:
+        try:
+            message = loads(data)
+        except ValueError:
+            continue
+        if response_id_matches(message, request_id):
+            return message, len(data)
+    return None, 0
+
+
+class Forwarder:
+    """Sends requests to their upstream and relays, and where allowed stores, the answers.
+
+    ``on_success(upstream, protocol_version)`` is called after an upstream answered a modern
+    request with a JSON-RPC result (the registry's "observed" versions).
+    """
+
+    def __init__(self, config: GatewayConfig, store: CacheStore, metrics: GatewayMetrics, clock: Clock) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.max_entry_bytes = config.cache.max_entry_bytes
+        self.max_ttl_ms = config.cache.max_ttl_ms
+        #: With gateway auth, a caller's Authorization holds the gateway's token: never forwarded.
+        self.allow_authorization = config.auth is None
+        self.on_success: Callable[[str, str], None] | None = None
+        self._streams: set[aiohttp.ClientResponse] = set()
+        self._closing = False
+
+    async def forward(self, ex: Exchange, fwd: str) -> web.StreamResponse:
+        """Send ``ex`` to ``ex.upstream`` (``fwd``: ``miss`` or ``bypass``) and relay the answer;
+        store it when ``ex.key`` is set and the answer is storable (the entry is left in
+        ``ex.entry``).
+
+        Raises:
+            Overloaded: ``max_inflight`` requests to that upstream are under way.
+            HeaderMismatch: a header to forward cannot be passed on unchanged.
+            BadGateway, GatewayTimeout: the upstream failed (see :class:`~gateway.upstream.Upstream`).
+        """
+        upstream = ex.upstream
+        assert upstream is not None
+        if upstream.inflight >= upstream.config.max_inflight:
+            raise Overloaded(
+                f"upstream {upstream.name} has {upstream.inflight} requests in flight; retry later",
+                request_id=ex.request_id,
+                headers={"Retry-After": "1"},
+            )
+        try:
+            headers = upstream.request_headers(ex.request.headers, allow_authorization=self.allow_authorization)
+        except GatewayError as err:
+            err.request_id = ex.request_id
+            raise
+        ex.fwd = fwd
+        upstream.inflight += 1  # mcp_gateway_inflight_requests reads it
+        started = time.perf_counter()
+        try:
+            async with upstream.open(ex.request.method, ex.body, headers) as resp:
+                ex.fwd_status = resp.status
+                if resp.content_type == "text/event-stream":
+                    self._streams.add(resp)
+                    try:
+                        return await self._relay_stream(ex, upstream, resp)
+                    finally:
+                        self._streams.discard(resp)
+                deadline = asyncio.get_running_loop().time() + upstream.config.timeout_s
+                data = await upstream.read_body(resp, deadline)
+                return self._relay_body(ex, upstream, resp, data)
+        except GatewayError as err:
+            if err.request_id is None:
+                err.request_id = ex.request_id
+            ex.detail = "upstream-error"  # one detail only: the failure replaces the bypass reason
+            raise
+        finally:
+            upstream.inflight -= 1
+            ex.upstream_seconds = time.perf_counter() - started
+
+    async def close_streams(self) -> None:
+        """End every SSE answer being relayed (the app's ``on_shutdown``): each caller gets a
+        clean end of stream with a JSON-RPC error (-32603) instead of waiting out the shutdown
+        timeout; a listen stream's client then re-subscribes elsewhere."""
+        self._closing = True
+        for resp in list(self._streams):
+            resp.close()
+
+    # -- relaying --------------------------------------------------------------------------
+
+    def _relay_body(self, ex: Exchange, upstream: Upstream, resp: aiohttp.ClientResponse, data: bytes) -> web.Response:
+        status = resp.status
+        parsed = ex.parsed
+        message: object = None
+        if parsed is not None and parsed.kind == "request" and (200 <= status < 300 or status >= 500):
+            try:
+                # Only an answer to store is parsed exactly; a relayed one for its envelope.
+                message = loads(data) if ex.key is not None else loads_relayed(data, parsed.request_id)
+            except ValueError:
+                message = None
+            if not response_id_matches(message, parsed.request_id):
+                raise BadGateway(
+                    f"upstream {upstream.name} answered HTTP {status} without a JSON-RPC response to this request"
+                )
+        self._answered(ex, upstream, status, message)
+        if ex.key is not None:
+            self._maybe_store(ex, upstream, status, message, len(data))
+        return web.Response(body=data, status=status, headers=self._passthrough_headers(ex, resp))
+
+    async def _relay_stream(self, ex: Exchange, upstream: Upstream, resp: aiohttp.ClientResponse) -> web.StreamResponse:
+        """Relay an SSE answer chunk by chunk, never buffered. For a cacheable request the final
+        JSON-RPC response in it is stored. If the upstream stream ends without a response to the
+        request, a JSON-RPC error event ends it."""
+        headers = self._passthrough_headers(ex, resp)  # sent before the stream ends: never "stored"
+        headers["X-Accel-Buffering"] = "no"
+        headers["Cache-Control"] = "no-cache"
+        out = web.StreamResponse(status=resp.status, headers=headers)
+        await out.prepare(ex.request)
+        parsed = ex.parsed
+        request_id = parsed.request_id if parsed is not None and parsed.kind == "request" else None
+        parser = SSEParser(upstream.config.max_response_bytes) if request_id is not None else None
+        final: dict[str, object] | None = None
+        final_size = 0
+        try:
+            async for chunk in upstream.iter_stream(resp):
+                await out.write(chunk)
+                if parser is not None and final is None:
+                    final, final_size = _final_response(parser.feed(chunk), request_id)
+            if parser is not None and final is None:
+                final, final_size = _final_response(parser.finish(), request_id)
+            if parser is not None and final is None:
+                # The upstream stopped without answering. End whatever event it left unfinished,
+                # as the caller's parser will see it, so that an error event after it is read on
+                # its own. Should that complete the answer after all, the caller has it (but it
+                # is not stored: the stream was cut).
+                await out.write(b"\n\n")
+                cut_answer, _ = _final_response(parser.feed(b"\n\n"), request_id)
+                if cut_answer is None:
+                    ex.error_code = BadGateway.code
+                    reason = "the gateway is shutting down" if self._closing else "ended the stream before answering"
+                    error = BadGateway(f"upstream {upstream.name}: {reason}", request_id=request_id)
+                    await out.write(b"event: message\ndata: " + error.body() + b"\n\n")
+        except ConnectionResetError:
+            # The caller went away: closing our side of the upstream request (on return) tells
+            # the upstream (cancellation by disconnect). Nothing is stored.
+            ex.disconnected = True
+            return out
+        if final is not None:
+            self._answered(ex, upstream, resp.status, final)
+        if ex.key is not None:
+            if final is not None:
+                self._maybe_store(ex, upstream, resp.status, final, final_size)
+            else:
+                self.metrics.cache_stores.labels(upstream.name, ex.method, "stream_broken").inc()
+        await out.write_eof()
+        return out
+
+    def _passthrough_headers(self, ex: Exchange, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
+        out: CIMultiDict[str] = CIMultiDict()
+        for name in RESPONSE_HEADERS:
+            for value in resp.headers.getall(name, ()):
+                out.add(name, value)
+        out["Cache-Status"] = ex.cache_status()
+        return out
+
+    # -- what the answer was -----------------------------------------------------------------
+
+    def _answered(self, ex: Exchange, upstream: Upstream, status: int, message: object) -> None:
+        """Note a JSON-RPC error code, or a success in real traffic (``on_success``)."""
+        if isinstance(message, dict) and isinstance(message.get("error"), dict):
+            ex.error_code = error_code(message)
+        elif status == 200 and message is not None:
+            parsed = ex.parsed
+            if self.on_success is not None and parsed is not None and parsed.era == "modern" and parsed.version:
+                self.on_success(upstream.name, parsed.version)
+
+    def _maybe_store(self, ex: Exchange, upstream: Upstream, status: int, message: object, size: int) -> None:
+        """Store a cacheable answer of ``size`` bytes if the cache policy allows it."""
+        assert ex.key is not None
+        result = store_outcome(status, message, size, self.max_entry_bytes)
+        entry: CacheEntry | None = None
+        if result == STORED:
+            assert isinstance(message, dict)
+            entry = build_entry(message, self.clock(), self.max_ttl_ms)
+            if entry is None or not self.store.put(ex.key, entry):
+                result, entry = "refused", None
+        self.metrics.cache_stores.labels(upstream.name, ex.method, result).inc()
+        self.update_size_gauges()
+        if entry is not None:
+            ex.entry = entry
+            ex.stored_ttl_ms = entry.ttl_ms
+        else:
+            ex.detail = result.replace("_", "-")
+
+    def update_size_gauges(self) -> None:
+        """``mcp_gateway_cache_entries`` and ``mcp_gateway_cache_bytes`` from the store."""
+        self.metrics.cache_entries.set(len(self.store))
+        self.metrics.cache_bytes.set(self.store.total_bytes)
+

@@ -1,0 +1,270 @@
+"""The aiohttp handlers of ``/servers/{name}/mcp``: validate, look up, forward, store, respond.
+
+Order on every POST: the ``Origin`` check (MCP 2026-07-28, Streamable HTTP transport, "Security &
+Endpoint": DNS rebinding), the body read and parsed, the caller's token (before the cache, even
+for ``public`` entries: a cached answer is never a way around authentication), the request
+checked against its headers, then the cache or the upstream.
+
+This module is the plain path, written to be read. ``gateway.proxy.hot`` serves cache hits
+with some of these steps inlined, and must answer byte for byte as this module does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from aiohttp import hdrs, web
+
+from ..auth import bearer_matches
+from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, make_key
+from ..codec import id_json
+from ..config import GatewayConfig
+from ..errors import Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized, error_response
+from ..protocol import ParsedRequest, method_label, parse_request
+from ..telemetry import ACCESS_LOGGER, GatewayMetrics, RequestJournal, RequestRecord
+from ..upstream import Upstream
+from .exchange import Exchange, hit_status
+from .forward import Forwarder
+
+__all__ = ["Proxy"]
+
+access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+class Proxy:
+    """Serves the MCP routes of every configured upstream.
+
+    ``upstreams`` is filled by the app once its client session exists; ``clock`` gives the
+    cache's monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        upstreams: Mapping[str, Upstream],
+        store: CacheStore,
+        metrics: GatewayMetrics,
+        clock: Clock,
+    ) -> None:
+        self.upstreams = upstreams
+        self.store = store
+        self.clock = clock
+        self.coalescer = Coalescer()
+        self.forwarder = Forwarder(config, store, metrics, clock)
+        self.journal = RequestJournal(metrics.request_metrics, access_log)
+        self.tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
+        self.origins = frozenset(config.listener.allowed_origins)
+        self.max_body = config.listener.max_body_bytes
+        self.caching = config.cache.max_entries > 0
+        #: Per upstream: (vary the cache key on clientCapabilities, forward Authorization).
+        self.key_options = {
+            name: (config.vary_on_capabilities(name), up.forward_authorization) for name, up in config.upstreams.items()
+        }
+
+    @property
+    def on_success(self) -> Callable[[str, str], None] | None:
+        """See :class:`~gateway.proxy.forward.Forwarder`."""
+        return self.forwarder.on_success
+
+    @on_success.setter
+    def on_success(self, hook: Callable[[str, str], None] | None) -> None:
+        self.forwarder.on_success = hook
+
+    # -- entry points -------------------------------------------------------------------------
+
+    async def handle_post(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
+        """``POST /servers/{name}/mcp``. ``upstream_name`` is bound by a configured upstream's
+        own route; ``None`` takes ``name`` from the path (the route for names not configured)."""
+        started = time.perf_counter()
+        ex = Exchange(request, request.match_info["name"] if upstream_name is None else upstream_name)
+        response: web.StreamResponse | None = None
+        try:
+            self.check_origin(request)
+            ex.body = await self.read_body(request)
+            parsed = self.parse(ex, ex.body)
+            response = await self.answer(ex, parsed)
+        except GatewayError as err:
+            response = self.error(ex, err)
+        except web.HTTPException:
+            raise
+        except Exception:
+            response = self.internal_error(ex)
+        finally:
+            self.record(ex, response, started)
+        return response
+
+    async def handle_stream(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
+        """``GET``/``DELETE /servers/{name}/mcp``: legacy-era traffic passed through
+        (``upstream_name`` as for :meth:`handle_post`)."""
+        started = time.perf_counter()
+        ex = Exchange(request, request.match_info["name"] if upstream_name is None else upstream_name, request.method)
+        response: web.StreamResponse | None = None
+        try:
+            self.check_origin(request)
+            self.check_auth(request, None)
+            ex.upstream = self.find_upstream(ex.upstream_name, None)
+            ex.detail = "legacy"
+            response = await self.forwarder.forward(ex, "bypass")
+        except GatewayError as err:
+            response = self.error(ex, err)
+        except web.HTTPException:
+            raise
+        except Exception:
+            response = self.internal_error(ex)
+        finally:
+            self.record(ex, response, started)
+        return response
+
+    # -- the steps of a POST ------------------------------------------------------------------
+
+    def check_origin(self, request: web.Request) -> None:
+        """Raises :class:`Forbidden` for an ``Origin`` that is present and not allowed."""
+        origin = request.headers.get(hdrs.ORIGIN)
+        if origin is not None and origin not in self.origins:
+            raise Forbidden(f"origin {origin!r} is not allowed")
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """The whole request body, at most ``listener.max_body_bytes``.
+
+        Raises:
+            PayloadTooLarge: the body is larger (HTTP 413).
+        """
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes") from exc
+        if len(body) > self.max_body:
+            raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+        return body
+
+    def parse(self, ex: Exchange, body: bytes) -> ParsedRequest:
+        """Parse and validate ``body`` (see :func:`~gateway.protocol.parse_request`).
+
+        A request that does not parse is still checked for the token and the upstream name
+        first, so that a caller without a token learns nothing from the error.
+        """
+        try:
+            parsed = parse_request(body, ex.request.headers)
+        except GatewayError as err:
+            self.check_auth(ex.request, err.request_id)
+            self.find_upstream(ex.upstream_name, err.request_id)
+            raise
+        ex.parsed = parsed
+        ex.method = method_label(parsed.method)
+        return parsed
+
+    def check_auth(self, request: web.Request, request_id: object) -> None:
+        """Raises :class:`Unauthorized` unless the caller presents one of ``[auth].tokens``
+        (always passes without ``[auth]``)."""
+        if self.tokens and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), self.tokens):
+            raise Unauthorized(request_id=request_id)
+
+    def find_upstream(self, name: str, request_id: object) -> Upstream:
+        """The upstream called ``name``. Raises :class:`NotFound` (HTTP 404, -32601)."""
+        upstream = self.upstreams.get(name)
+        if upstream is None:
+            raise NotFound(
+                f"no upstream named {name!r} behind this gateway", request_id=request_id, data={"upstream": name}
+            )
+        return upstream
+
+    def cache_key(self, ex: Exchange, parsed: ParsedRequest, upstream: Upstream) -> CacheKey | None:
+        """The cache key of a cacheable request; ``None`` (with the reason in ``ex.detail``) when
+        the cache is bypassed."""
+        bypass = parsed.cache_bypass
+        if bypass is None and not self.caching:
+            bypass = "disabled"  # max_entries = 0: nothing is looked up, stored or coalesced
+        if bypass is not None:
+            ex.cache = ex.lookup = "bypass"
+            ex.detail = bypass
+            return None
+        vary, forward_authorization = self.key_options[upstream.name]
+        # "" for no header: a caller without credentials is a context of its own.
+        authorization = ex.request.headers.get(hdrs.AUTHORIZATION, "") if forward_authorization else None
+        try:
+            return make_key(upstream.name, parsed, vary, authorization)
+        except ValueError:  # a number JSON cannot write back: forwarded, not cached
+            ex.detail = "uncacheable"
+            return None
+
+    async def answer(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
+        """Everything after parsing: the token, the upstream, then the cache or the upstream."""
+        self.check_auth(ex.request, parsed.request_id)
+        upstream = ex.upstream = self.find_upstream(ex.upstream_name, parsed.request_id)
+        key = ex.key = self.cache_key(ex, parsed, upstream)
+        if key is None:
+            return await self.forwarder.forward(ex, "bypass")
+        entry = self.store.get(key)
+        if entry is not None:
+            return self.hit(ex, entry, collapsed=False)
+        return await self.miss(ex, key)
+
+    async def miss(self, ex: Exchange, key: CacheKey) -> web.StreamResponse:
+        """Not in the cache: wait for the same request already on its way upstream, or send it."""
+        waiter = self.coalescer.claim(key)
+        if waiter is not None:
+            entry = await asyncio.shield(waiter)
+            if entry is not None:
+                return self.hit(ex, entry, collapsed=True)
+            # Not storable (private, an error, ...): this caller's answer is its own.
+            ex.cache = ex.lookup = "miss"
+            return await self.forwarder.forward(ex, "miss")
+        ex.cache = ex.lookup = "miss"
+        try:
+            return await self.forwarder.forward(ex, "miss")
+        finally:
+            self.coalescer.release(key, ex.entry)
+
+    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.Response:
+        """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left."""
+        ex.cache = "hit"
+        ex.lookup = "coalesced" if collapsed else "hit"
+        body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
+        ex.hit = hit_status(ttl_ms, collapsed)
+        return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
+
+    # -- answers and bookkeeping --------------------------------------------------------------
+
+    def error(self, ex: Exchange, err: GatewayError) -> web.Response:
+        """The gateway's own error answer (``detail=rejected`` unless the request was forwarded)."""
+        ex.error_code = err.code
+        if ex.fwd is None and ex.hit is None:
+            ex.detail = "rejected"
+        return error_response(err, ex.cache_status())
+
+    def internal_error(self, ex: Exchange) -> web.Response:
+        """A bug, not a protocol error: logged with its traceback, answered as a JSON-RPC
+        internal error (HTTP 500) and counted, without the traceback reaching the caller."""
+        request = ex.request
+        request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
+        return self.error(ex, GatewayError("Internal error in the gateway"))
+
+    def record(self, ex: Exchange, response: web.StreamResponse | None, started: float) -> None:
+        """The request's record, to the journal (metrics and access log, in batches)."""
+        ended = time.perf_counter()
+        self.journal.add(
+            RequestRecord(
+                upstream=ex.upstream_name if ex.upstream_name in self.upstreams else "unknown",
+                method=ex.method,
+                http_method=ex.request.method,
+                status=response.status if response is not None else 499,
+                jsonrpc_error=ex.error_code,
+                cache=ex.cache,
+                cache_status=ex.cache_status(),
+                seconds=ended - started,
+                lookup=ex.lookup,
+                ended=ended,
+                upstream_seconds=ex.upstream_seconds,
+            )
+        )
+
+    async def close_streams(self) -> None:
+        """See :meth:`Forwarder.close_streams`."""
+        await self.forwarder.close_streams()
+
+    def update_size_gauges(self) -> None:
+        """The cache size gauges, after the store changed outside a request (a purge)."""
+        self.forwarder.update_size_gauges()

@@ -1,0 +1,25 @@
+"""What the gateway tells operators: request records, the journal that batches them, the
+Prometheus metrics and the access log.
+
+Modules, lower first: ``record`` (one request's record), ``metrics`` (every metric, the
+per-request families added up in batches), ``accesslog`` (JSON lines), ``journal`` (collects
+records, hands them to the metrics and the access log).
+"""
+
+from .accesslog import ACCESS_LOGGER, AccessLogHandler, direct_handler, request_fields
+from .journal import BATCH_DELAY_S, BATCH_RECORDS, RequestJournal
+from .metrics import GatewayMetrics, RequestMetrics
+from .record import RequestRecord
+
+__all__ = [
+    "ACCESS_LOGGER",
+    "BATCH_DELAY_S",
+    "BATCH_RECORDS",
+    "AccessLogHandler",
+    "GatewayMetrics",
+    "RequestJournal",
+    "RequestMetrics",
+    "RequestRecord",
+    "direct_handler",
+    "request_fields",
+]

@@ -1,0 +1,155 @@
+"""The access log: one JSON line per MCP request, cheap enough to leave on for cache hits.
+
+Every MCP request is logged to the ``mcp_gateway.access`` logger. Through the plain ``logging``
+machinery (a ``LogRecord``, python-json-logger, a flush per line) a line costs more than
+answering a cache hit, so ``mcp-gateway serve --log-format json`` puts an
+:class:`AccessLogHandler` on that logger alone, and the request journal hands it request records
+in batches (:meth:`AccessLogHandler.write_requests`), each batch written in one go. Anyone who
+configures other handlers on the logger gets the ordinary ``logging`` path, one record each,
+with the same fields (:func:`request_fields`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import select
+import stat
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Final, TextIO
+
+import orjson
+
+from .record import RequestRecord
+
+__all__ = ["ACCESS_LOGGER", "AccessLogHandler", "direct_handler", "request_fields"]
+
+ACCESS_LOGGER: Final = "mcp_gateway.access"
+
+#: Writes up to this size (bytes) are atomic on a pipe: the lines of several worker processes
+#: sharing stderr never interleave.
+_ATOMIC_WRITE: Final = getattr(select, "PIPE_BUF", 512)
+#: Attributes every ``LogRecord`` has; the others came in through ``extra=``.
+_RECORD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+def request_fields(record: RequestRecord) -> dict[str, Any]:
+    """The access log's fields of a request: ``upstream``, ``method``, ``http_method``,
+    ``status``, ``jsonrpc_error``, ``cache``, ``cache_status`` and ``duration_ms`` (milliseconds,
+    three decimals)."""
+    return {
+        "upstream": record.upstream,
+        "method": record.method,
+        "http_method": record.http_method,
+        "status": record.status,
+        "jsonrpc_error": record.jsonrpc_error,
+        "cache": record.cache,
+        "cache_status": record.cache_status,
+        "duration_ms": round(record.seconds * 1000, 3),
+    }
+
+
+class AccessLogHandler(logging.Handler):
+    """JSON access-log lines, ``{"asctime", "level", "name", "message", **fields}``.
+
+    The keys are those of the gateway's JSON log format (``asctime`` as ``logging`` prints it,
+    local time with milliseconds). Request lines come in batches from the request journal
+    (:meth:`write_requests`), records through ``logging`` one by one (:meth:`emit`); each is
+    written when it comes. To a regular file a batch is one ``write(2)``; to anything else (a
+    pipe, a socket such as journald's) in writes of at most ``PIPE_BUF`` bytes that end on a
+    line boundary, so that the lines of several workers sharing it never interleave.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__()
+        self.stream = stream if stream is not None else sys.stderr
+        #: The second (``time.time()``, floored) that ``_stamp`` is the text of; none yet.
+        self._second = math.nan
+        self._stamp = ""
+
+    def write_requests(self, records: Sequence[RequestRecord]) -> None:
+        """Write one line per request record, in one go, each stamped with the time its request
+        ended. A line that cannot be written is dropped (with a note on stderr), never the batch."""
+        offset = time.time() - time.perf_counter()
+        lines = []
+        for record in records:
+            try:
+                head = {"asctime": self._asctime(record.ended + offset), "level": "INFO", "name": ACCESS_LOGGER}
+                lines.append(orjson.dumps(head | {"message": "request", **request_fields(record)}))
+            except Exception:  # a log line is never worth a failed request
+                with contextlib.suppress(Exception):
+                    sys.stderr.write("mcp-gateway: access log line dropped\n")
+        if lines:
+            lines.append(b"")
+            self._write_safely(b"\n".join(lines))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+            head = {"asctime": self._asctime(record.created), "level": record.levelname, "name": record.name}
+            line = orjson.dumps(head | {"message": record.getMessage(), **fields}, default=str)
+        except Exception:
+            self.handleError(record)
+            return
+        self._write_safely(line + b"\n")
+
+    def _write_safely(self, data: bytes) -> None:
+        try:
+            self._write(data)
+        except Exception:  # a log line is never worth a failed request
+            with contextlib.suppress(Exception):
+                sys.stderr.write("mcp-gateway: access log write failed\n")
+
+    def _write(self, data: bytes) -> None:
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            self.stream.write(data.decode())
+            self.stream.flush()
+            return
+        self.stream.flush()  # whatever other writers left in the stream's buffer goes first
+        view = memoryview(data)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            while view:
+                view = view[os.write(fd, view) :]
+            return
+        # A pipe or a socket (journald): writes up to PIPE_BUF are atomic on a pipe and in
+        # practice on a local stream socket. Cut at the last line end within each PIPE_BUF (a
+        # longer line goes alone, whole).
+        start, size = 0, len(data)
+        while start < size:
+            end = size
+            if size - start > _ATOMIC_WRITE:
+                end = data.rfind(b"\n", start, start + _ATOMIC_WRITE) + 1 or data.find(b"\n", start + _ATOMIC_WRITE) + 1
+            chunk = view[start:end]
+            while chunk:
+                chunk = chunk[os.write(fd, chunk) :]
+            start = end
+
+    def _asctime(self, created: float) -> str:
+        """``created`` (``time.time()`` seconds) as ``logging`` writes asctime: local time, then
+        milliseconds. The text of the second is kept, as lines come many to a second."""
+        second = math.floor(created)
+        if second != self._second:
+            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+            self._second = second
+        return f"{self._stamp},{min(999, int((created - second) * 1000)):03d}"
+
+
+def direct_handler(logger: logging.Logger) -> AccessLogHandler | None:
+    """The :class:`AccessLogHandler` that alone receives ``logger``'s INFO records, if any.
+
+    Only then may the journal skip ``logging`` and call :meth:`AccessLogHandler.write_requests`:
+    no other handler, no propagation to other handlers and no filter would see the line.
+    """
+    handlers = logger.handlers
+    if len(handlers) != 1 or logger.propagate or logger.filters:
+        return None
+    handler = handlers[0]
+    if type(handler) is AccessLogHandler and handler.level <= logging.INFO and not handler.filters:
+        return handler
+    return None
