@@ -431,7 +431,10 @@ def memory(fleet: Fleet, workdir: Path, entries: int, opts: argparse.Namespace) 
 # -- one worker count ----------------------------------------------------------------------------
 
 
-def gateway_argv(config: Path, workers: int, log_level: str, loop: str = "auto") -> list[str]:
+def gateway_argv(
+    config: Path, workers: int, log_level: str, loop: str = "auto", plain: bool = False
+) -> list[str]:
+    """``mcp-gateway serve`` for ``config``; ``plain``: without the hit path's speed-ups."""
     return [
         PY,
         "-m",
@@ -447,6 +450,7 @@ def gateway_argv(config: Path, workers: int, log_level: str, loop: str = "auto")
         "json",
         "--loop",
         loop,
+        *(["--plain-path"] if plain else []),
     ]
 
 
@@ -485,23 +489,32 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def bench_workers(
     fleet: Fleet, workdir: Path, n: int, up_port: int, bodies: dict[str, Path], opts: argparse.Namespace
 ) -> dict[str, Any]:
-    floor_port, gw_port, off_port = free_port(), free_port(), free_port()
+    floor_port, gw_port, off_port, plain_port = free_port(), free_port(), free_port(), free_port()
     floor_argv = [PY, str(BENCH / "floor.py"), "--port", str(floor_port), "--workers", str(n), "--loop", opts.loop]
     floor_argv += ["--body", str(bodies["tools/list"])] + [f"--body={m}={p}" for m, p in bodies.items()]
     server_cpus, wrk_cpus = cpu_plan(n, opts.pin)
     floor = fleet.start(f"floor-{n}", floor_argv)
     on_cfg, off_cfg = workdir / f"gateway-{n}.toml", workdir / f"gateway-{n}-off.toml"
+    plain_cfg = workdir / f"gateway-{n}-plain.toml"
     write_gateway_config(on_cfg, gw_port, up_port, caching=True)
     write_gateway_config(off_cfg, off_port, up_port, caching=False)
+    write_gateway_config(plain_cfg, plain_port, up_port, caching=True)
     gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop))
     off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop))
+    plain = fleet.start(f"gateway-{n}-plain", gateway_argv(plain_cfg, n, opts.log_level, opts.loop, plain=True))
     wait_ready(fleet, f"floor-{n}", floor, lambda: fetch(floor_port, "POST", "/", b"{}")[0] == 200)
-    for name, proc, port in ((f"gateway-{n}", gw, gw_port), (f"gateway-{n}-off", off, off_port)):
+    gateways = (
+        (f"gateway-{n}", gw, gw_port),
+        (f"gateway-{n}-off", off, off_port),
+        (f"gateway-{n}-plain", plain, plain_port),
+    )
+    for name, proc, port in gateways:
         wait_ready(fleet, name, proc, lambda port=port: fetch(port, "GET", "/readyz")[0] == 200)
     time.sleep(0.5 * n)  # every worker up, not only the first to answer
     path = "/servers/workspace/mcp"
     gw_url, off_url = f"http://{HOST}:{gw_port}{path}", f"http://{HOST}:{off_port}{path}"
     floor_url, direct_url = f"http://{HOST}:{floor_port}{path}", f"http://{HOST}:{up_port}/mcp"
+    plain_url = f"http://{HOST}:{plain_port}{path}"
     out: dict[str, Any] = {
         "workers": n,
         # Only for the cached runs: when forwarding, the upstream needs a CPU as well.
@@ -513,18 +526,19 @@ def bench_workers(
         out["cold_burst"] = cold_burst(gw_port, up_port)
     if "cached" in opts.parts:
         every_cpu = os.sched_getaffinity(0)
-        for proc in (floor, gw):
+        for proc in (floor, gw, plain):
             set_group_affinity(proc.pid, server_cpus or every_cpu)
         opts.wrk_cpus = wrk_cpus
         try:
-            out["cached"] = cached_runs(fleet, n, gw_port, up_port, (floor_url, floor), (gw_url, gw), bodies, opts)
+            targets = ((floor_url, floor), (gw_url, gw), (plain_url, plain))
+            out["cached"] = cached_runs(fleet, n, (gw_port, plain_port), up_port, *targets, bodies, opts)
         finally:
-            for proc in (floor, gw):
+            for proc in (floor, gw, plain):
                 set_group_affinity(proc.pid, every_cpu)
             opts.wrk_cpus = None
     if "forwarding" in opts.parts:
         out["forwarding"] = forwarding_runs(fleet, n, direct_url, gw_url, off_url, opts)
-    for proc in (floor, gw, off):
+    for proc in (floor, gw, off, plain):
         fleet.stop(proc)
     return out
 
@@ -532,29 +546,33 @@ def bench_workers(
 def cached_runs(
     fleet: Fleet,
     n: int,
-    gw_port: int,
+    gw_ports: tuple[int, int],
     up_port: int,
     floor: tuple[str, subprocess.Popen[bytes]],
     gateway: tuple[str, subprocess.Popen[bytes]],
+    plain: tuple[str, subprocess.Popen[bytes]],
     bodies: dict[str, Path],
     opts: argparse.Namespace,
 ) -> dict[str, Any]:
+    """Cached hits on the floor, the gateway and the gateway on its plain path (no hit-path
+    speed-ups, ``--plain-path``), the order rotated every round."""
     path = "/servers/workspace/mcp"
 
     # Warm every worker's cache (new connections spread over the workers), then check.
-    for method in ("tools/list", "server/discover"):
-        for i in range(20 * n):
-            mcp_call(gw_port, path, method, i)
-        check_hit(gw_port, method)
+    for gw_port in gw_ports:
+        for method in ("tools/list", "server/discover"):
+            for i in range(20 * n):
+                mcp_call(gw_port, path, method, i)
+            check_hit(gw_port, method)
     before = upstream_counts(up_port)
     cached: dict[str, Any] = {}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in range(opts.rounds):
         for method in ("tools/list", "server/discover"):
-            # The order flips every round (floor first, then gateway first): a machine that
-            # speeds up or slows down during a round favours neither side over the rounds.
-            pair = (("floor", floor), ("gateway", gateway))
-            for target, (url, server) in pair if r % 2 == 0 else pair[::-1]:
+            # The order rotates every round (floor, gateway or plain first): a machine that
+            # speeds up or slows down during a round favours no side over the rounds.
+            trio = (("floor", floor), ("gateway", gateway), ("plain", plain))
+            for target, (url, server) in trio[r % 3 :] + trio[: r % 3]:
                 log(f"[workers={n}] cached {method}: {target} (round {r + 1}/{opts.rounds})")
                 runs.setdefault((method, target), []).append(
                     wrk(
@@ -570,7 +588,9 @@ def cached_runs(
     upstream_during = upstream_counts(up_port) - before
     for method in ("tools/list", "server/discover"):
         floor_runs, gw_runs = runs[(method, "floor")], runs[(method, "gateway")]
+        plain_runs = runs[(method, "plain")]
         ratios = [g["rps"] / f["rps"] for g, f in zip(gw_runs, floor_runs, strict=True)]
+        plain_ratios = [p["rps"] / f["rps"] for p, f in zip(plain_runs, floor_runs, strict=True)]
         cpu_ratios = [
             f["cpu_us_per_request"] / g["cpu_us_per_request"]
             for g, f in zip(gw_runs, floor_runs, strict=True)
@@ -581,6 +601,9 @@ def cached_runs(
             "floor": median_run(floor_runs),
             "ratio": round(statistics.median(ratios), 3),
             "ratio_all": [round(x, 3) for x in ratios],
+            # The same gateway without the hit path's speed-ups (gateway/proxy/hot.py).
+            "plain_ratio": round(statistics.median(plain_ratios), 3),
+            "plain_ratio_all": [round(x, 3) for x in plain_ratios],
             # floor CPU per request / gateway CPU per request: the same ratio, less sensitive
             # to other load on the machine (it is what the throughput ratio would be if both
             # had the CPU to themselves).
@@ -676,7 +699,8 @@ def tables(result: dict[str, Any]) -> str:
     conns = result["options"]["connections"]
     lines.append(
         f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count;"
-        f" median of {result['options']['rounds']} rounds, each floor and gateway back to back)"
+        f" median of {result['options']['rounds']} rounds, floor, gateway and plain path back to back;"
+        " plain path = the gateway without the hit path's speed-ups, --plain-path)"
     )
     pins = [
         f"{w['workers']} worker: servers on CPU {w['cpus']['servers']}, wrk on CPU {w['cpus']['wrk']}"
@@ -689,9 +713,9 @@ def tables(result: dict[str, Any]) -> str:
     lines.append(
         "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms "
         "| ratio (rounds' range) "
-        "| CPU µs/req gateway / floor | CPU ratio |"
+        "| CPU µs/req gateway / floor | CPU ratio | plain path ratio (range) |"
     )
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for w in result["workers"]:
         for method in ("tools/list", "server/discover") if "cached" in w else ():
             c = w["cached"][method]
@@ -700,7 +724,8 @@ def tables(result: dict[str, Any]) -> str:
                 f"| {w['workers']} | {method} ({c['response_bytes']} B) | {g['rps']:.0f} | {g['p50_ms']:.2f} | "
                 f"{g['p99_ms']:.2f} | {f['rps']:.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | {c['ratio']:.2f} "
                 f"({min(c['ratio_all']):.2f}-{max(c['ratio_all']):.2f}) "
-                f"| {g['cpu_us_per_request']} / {f['cpu_us_per_request']} | {c['cpu_ratio']} |"
+                f"| {g['cpu_us_per_request']} / {f['cpu_us_per_request']} | {c['cpu_ratio']} "
+                f"| {c['plain_ratio']:.2f} ({min(c['plain_ratio_all']):.2f}-{max(c['plain_ratio_all']):.2f}) |"
             )
     lines.append("")
     fwd = result["options"]["fwd_connections"]

@@ -198,7 +198,13 @@ def run_workers(socks: Sequence[socket.socket], run_one: Callable[[socket.socket
 
 
 def serve(
-    config: GatewayConfig, *, host: str | None = None, port: int | None = None, workers: int = 1, loop: str = "auto"
+    config: GatewayConfig,
+    *,
+    host: str | None = None,
+    port: int | None = None,
+    workers: int = 1,
+    loop: str = "auto",
+    hot_path: bool = True,
 ) -> int:
     """Run the gateway until interrupted (uvloop when installed); returns the exit status.
 
@@ -214,7 +220,7 @@ def serve(
 
     def run_one(sock: socket.socket | None) -> None:
         web.run_app(
-            create_app(config),
+            create_app(config, hot_path=hot_path),
             host=None if sock else bind_host,
             port=None if sock else bind_port,
             sock=sock,
@@ -262,6 +268,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_serve.add_argument(
         "--log-format", choices=("json", "text"), default=os.environ.get("MCP_GATEWAY_LOG_FORMAT", "json")
     )
+    p_serve.add_argument(
+        "--plain-path",
+        action="store_true",
+        help="answer cache hits on the plain path, without the hit path's speed-ups (to measure them)",
+    )
     p_check = sub.add_parser("check-config", help="validate a config file (exit 0, or 2 naming the bad key)")
     p_check.add_argument("path")
     p_demo = sub.add_parser("demo", help="start a demo fleet of real MCP servers behind the gateway")
@@ -275,7 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         setup_logging(args.log_level, args.log_format)
         return serve(
-            _load(_config_path(args.config)), host=args.host, port=args.port, workers=args.workers, loop=args.loop
+            _load(_config_path(args.config)),
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            loop=args.loop,
+            hot_path=not args.plain_path,
         )
     from .demo import run_demo
 
