@@ -1,0 +1,132 @@
+"""The served proxy (HotProxy, gateway.proxy.hot) answers byte for byte as the plain Proxy does.
+
+Two gateways, one on each, share a fake clock and sit in front of one deterministic upstream;
+every generated sequence of requests goes to both in the same order, so their caches hold the
+same entries, and every answer must agree in status, headers (but ``Date``) and body.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.app import PROXY, create_app
+from gateway.config import parse_config
+from gateway.proxy import HotProxy, Proxy
+from gateway.proxy.hot import LEAN_RESPONSES
+
+from ..conftest import FakeClock
+
+V = "2026-07-28"
+TOKEN = "t" * 24
+METHODS = ("tools/list", "prompts/list", "resources/list", "server/discover", "tools/call", "ping")
+
+
+async def deterministic_upstream(request: web.Request) -> web.Response:
+    """Answers from the request alone: public lists (a cursor ``private`` makes it private),
+    a tool result for calls, an error for ``ping``."""
+    msg = await request.json()
+    method, params = msg.get("method"), msg.get("params") or {}
+    if method == "ping":
+        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": "no"}})
+    scope = "private" if params.get("cursor") == "private" else "public"
+    result: dict[str, Any] = {"resultType": "complete", "echo": [method, params.get("cursor"), params.get("name")]}
+    if method != "tools/call":
+        result |= {"cacheScope": scope, "ttlMs": 30_000}
+    return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
+
+def request_of(method: str, id_: object, cursor: str | None, caps: dict[str, Any]) -> dict[str, Any]:
+    meta = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": caps}
+    params: dict[str, Any] = {"_meta": meta}
+    if cursor is not None:
+        params["cursor"] = cursor
+    if method == "tools/call":
+        params["name"] = "add"
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+requests = st.fixed_dictionaries(
+    {
+        "method": st.sampled_from(METHODS),
+        "id": st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=8)),
+        "cursor": st.sampled_from([None, "a", "b", "private"]),
+        "caps": st.sampled_from([{}, {"elicitation": {}}]),
+        "token": st.sampled_from([TOKEN, None, "wrong-token-of-24-chars!"]),
+        "origin": st.sampled_from([None, "http://evil.example"]),
+        "header_method": st.sampled_from(["same", None, "tools/call"]),
+        "advance_s": st.sampled_from([0.0, 0.0, 0.4, 12.0]),
+        "body": st.sampled_from(["json", "json", "garbage", "batch"]),
+    }
+)
+
+
+class Pair:
+    """The same gateway twice: on HotProxy and on the plain Proxy."""
+
+    def __init__(self, hot: TestClient[Any, Any], plain: TestClient[Any, Any], clock: FakeClock) -> None:
+        self.hot, self.plain, self.clock = hot, plain, clock
+
+    async def send(self, case: dict[str, Any]) -> None:
+        self.clock.advance(case["advance_s"])
+        msg = request_of(case["method"], case["id"], case["cursor"], case["caps"])
+        body = {"json": json.dumps(msg), "garbage": '{"jsonrpc":', "batch": json.dumps([msg])}[case["body"]]
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        headers["MCP-Protocol-Version"] = V
+        if case["header_method"] is not None:
+            headers["Mcp-Method"] = case["method"] if case["header_method"] == "same" else case["header_method"]
+        if case["method"] == "tools/call":
+            headers["Mcp-Name"] = "add"
+        if case["token"] is not None:
+            headers["Authorization"] = f"Bearer {case['token']}"
+        if case["origin"] is not None:
+            headers["Origin"] = case["origin"]
+        answers = []
+        for client in (self.hot, self.plain):
+            async with client.post("/servers/up/mcp", data=body.encode(), headers=headers) as resp:
+                kept = [(k, v) for k, v in resp.headers.items() if k.lower() != "date"]
+                answers.append((resp.status, kept, await resp.read()))
+        assert answers[0] == answers[1], case
+
+
+@pytest.fixture
+async def pair(aiohttp_server: Any, aiohttp_client: Any) -> Pair:
+    upstream = web.Application()
+    upstream.router.add_post("/mcp", deterministic_upstream)
+    up = await aiohttp_server(upstream)
+    config = parse_config(
+        {
+            "auth": {"tokens": [TOKEN]},
+            "registry": {"enabled": False},
+            "upstreams": {"up": {"url": str(up.make_url("/mcp"))}},
+        },
+        env={},
+    )
+    clock = FakeClock()
+    hot = await aiohttp_client(await aiohttp_server(create_app(config, clock=clock)))
+    plain = await aiohttp_client(await aiohttp_server(create_app(config, clock=clock, hot_path=False)))
+    return Pair(hot, plain, clock)
+
+
+def test_the_app_serves_the_hot_proxy_and_the_plain_one_on_request() -> None:
+    config = parse_config({"upstreams": {"up": {"url": "http://127.0.0.1:9/mcp"}}}, env={})
+    assert type(create_app(config)[PROXY]) is HotProxy
+    assert type(create_app(config, hot_path=False)[PROXY]) is Proxy
+    assert LEAN_RESPONSES  # on this aiohttp the hot path really answers with LeanResponse
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(cases=st.lists(requests, min_size=1, max_size=8))
+async def test_hot_and_plain_paths_answer_byte_for_byte_alike(pair: Pair, cases: list[dict[str, Any]]) -> None:
+    for case in cases:
+        await pair.send(case)
