@@ -21,7 +21,8 @@ from .errors import BadGateway, GatewayTimeout, HeaderMismatch
 
 __all__ = ["RESPONSE_HEADERS", "Upstream"]
 
-#: Request headers passed to the upstream as they are (digest §7 "What a proxy must pass").
+#: Request headers passed to the upstream as they are (MCP 2026-07-28, Streamable HTTP transport,
+#: "Request Metadata" and "Server Behavior for Custom Headers": routing headers reach the server).
 #: ``Authorization`` is added only for upstreams with ``forward_authorization``; ``Host``
 #: is the upstream's own (aiohttp sets it from the URL); hop-by-hop headers never pass.
 REQUEST_HEADERS: Final = frozenset(
@@ -50,18 +51,11 @@ _CHUNK: Final = 64 * 1024
 _UNFORWARDABLE: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f\ud800-\udfff]")
 
 
-#: Header name as sent -> its lower-case form if it may be forwarded (``authorization``
-#: subject to the upstream's configuration), else "": names repeat from request to request.
-_FORWARDED: dict[str, str] = {}
-
-
-def _forwarded(name: str) -> str:
+def forwarded_name(name: str) -> str:
+    """The lower-case form of a request header ``name`` if it may be forwarded (``authorization``
+    subject to the upstream's configuration), else ``""``."""
     low = name.lower()
-    forwarded = low if low in REQUEST_HEADERS or low.startswith(_PARAM_PREFIX) or low == "authorization" else ""
-    if len(_FORWARDED) >= 1024:
-        _FORWARDED.clear()
-    _FORWARDED[name] = forwarded
-    return forwarded
+    return low if low in REQUEST_HEADERS or low.startswith(_PARAM_PREFIX) or low == "authorization" else ""
 
 
 class Upstream:
@@ -95,9 +89,7 @@ class Upstream:
         spelling: dict[str, str] = {}
         with_authorization = allow_authorization and self.config.forward_authorization
         for name, value in incoming.items():
-            low = _FORWARDED.get(name)
-            if low is None:
-                low = _forwarded(name)
+            low = forwarded_name(name)
             if not low or (low == "authorization" and not with_authorization):
                 continue
             # One spelling per header: aiohttp's client keeps repeated headers only when
@@ -185,8 +177,8 @@ class Upstream:
         """Yield a streamed body's chunks as they arrive; stop quietly when the upstream
         ends, breaks off, or stays silent past ``stream_idle_timeout_s``.
 
-        Returns normally in every case; ``completed`` tells whether the stream ended
-        cleanly is up to the caller (it checks for the final JSON-RPC response).
+        Returns normally in every case: whether the stream carried its answer is for the
+        caller to tell (it looks for the final JSON-RPC response).
         """
         try:
             while True:
