@@ -84,14 +84,9 @@ class Proxy:
         try:
             self.check_origin(request)
             ex.body = await self.read_body(request)
-            parsed = self.parse(ex, ex.body)
-            response = await self.answer(ex, parsed)
-        except GatewayError as err:
-            response = self.error(ex, err)
-        except web.HTTPException:
-            raise
-        except Exception:
-            response = self.internal_error(ex)
+            response = await self.answer(ex, self.parse(ex, ex.body))
+        except Exception as exc:
+            response = self.failed(ex, exc)
         finally:
             self.record(ex, response, started)
         return response
@@ -108,12 +103,8 @@ class Proxy:
             ex.upstream = self.find_upstream(ex.upstream_name, None)
             ex.detail = "legacy"
             response = await self.forwarder.forward(ex, "bypass")
-        except GatewayError as err:
-            response = self.error(ex, err)
-        except web.HTTPException:
-            raise
-        except Exception:
-            response = self.internal_error(ex)
+        except Exception as exc:
+            response = self.failed(ex, exc)
         finally:
             self.record(ex, response, started)
         return response
@@ -227,6 +218,16 @@ class Proxy:
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
 
     # -- answers and bookkeeping --------------------------------------------------------------
+
+    def failed(self, ex: Exchange, exc: Exception) -> web.Response:
+        """The answer to a request that raised ``exc``: a :class:`GatewayError` is answered as
+        itself, aiohttp's own HTTP exceptions go on to aiohttp, anything else is a bug
+        (:meth:`internal_error`)."""
+        if isinstance(exc, GatewayError):
+            return self.error(ex, exc)
+        if isinstance(exc, web.HTTPException):
+            raise exc
+        return self.internal_error(ex)
 
     def error(self, ex: Exchange, err: GatewayError) -> web.Response:
         """The gateway's own error answer (``detail=rejected`` unless the request was forwarded)."""
