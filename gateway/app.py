@@ -50,7 +50,7 @@ def create_app(
     ``metrics_registry`` receives every metric (a fresh ``CollectorRegistry`` by default);
     ``rng`` (floats in ``[0, 1)``) and ``sleep`` (seconds) drive the registry's jittered probe
     schedule. The shared ``aiohttp.ClientSession`` and the registry's background tasks (probes,
-    listen streams; only with a ``[registry]`` table) are started and stopped in ``cleanup_ctx``.
+    listen streams; not with ``registry.enabled = false``) are started and stopped in ``cleanup_ctx``.
     ``hot_path=False`` serves the MCP routes with the plain :class:`~gateway.proxy.Proxy` instead
     of :class:`~gateway.proxy.HotProxy` (the same answers; for the benchmark and the tests).
     """
@@ -147,7 +147,8 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    """Ready once the upstream clients exist and (with ``[registry]``) every upstream was probed once."""
+    """Ready once the upstream clients exist and (unless ``registry.enabled = false``) every
+    upstream was probed once."""
     ready = request.app[READY][0] and request.app[REGISTRY].ready
     return web.json_response({"ready": ready}, status=200 if ready else 503)
 

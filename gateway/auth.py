@@ -1,4 +1,5 @@
-"""Bearer-token checks for the gateway's own callers (README "Caller authentication")."""
+"""Bearer-token checks for the gateway's own callers (README, "Routes" and ``auth.tokens`` in
+"Configuration")."""
 
 from __future__ import annotations
 

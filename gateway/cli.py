@@ -76,7 +76,7 @@ def setup_logging(level: str, fmt: str) -> None:
 
 class _TextFormatter(logging.Formatter):
     """Plain text, with the fields a record carries through ``extra=`` (the access log's
-    upstream, method, status, cache status, duration) appended as ``key=value``."""
+    :func:`~gateway.telemetry.request_fields`) appended as ``key=value``."""
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
@@ -206,7 +206,8 @@ def serve(
     loop: str = "auto",
     hot_path: bool = True,
 ) -> int:
-    """Run the gateway until interrupted (uvloop when installed); returns the exit status.
+    """Run the gateway until interrupted on the event loop ``loop`` (see :data:`LOOPS`); returns
+    the exit status.
 
     ``workers`` > 1 runs that many processes accepting on one port (``SO_REUSEPORT``,
     Linux). Each worker has its own cache, coalescing and metrics: a cold key is fetched

@@ -47,7 +47,8 @@ def loads(data: bytes) -> Any:
     refuses or rounds but JSON allows (integers beyond 64 bits, lone surrogate escapes).
 
     Raises:
-        ValueError: not JSON (``NaN``/``Infinity`` literals included).
+        ValueError: not JSON (``NaN``/``Infinity`` literals included), not UTF-8, or nested
+            too deeply.
     """
     # find(), not "in": bytes.__contains__ first tries the needle as an integer and raises
     # (and clears) a TypeError on every call.
@@ -144,10 +145,13 @@ _INF: Final = float("inf")
 
 def dumps(value: object, *, sort_keys: bool = False) -> bytes:
     """Serialise to compact JSON with orjson; values orjson cannot write (integers beyond
-    64 bits, lone surrogates) go through the standard library, ASCII-escaped.
+    64 bits, lone surrogates, :class:`Unrepresentable`) go through the standard library,
+    ASCII-escaped.
 
     Raises:
-        ValueError: ``value`` holds a non-finite float (no JSON for it).
+        ValueError: ``value`` holds an :class:`Unrepresentable` number (or any non-finite float,
+            when the standard library writes it: orjson writes a plain ``nan``/``inf`` as
+            ``null``), or is nested too deeply.
     """
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else None)

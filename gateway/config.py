@@ -1,7 +1,7 @@
 """The gateway's configuration: one frozen pydantic tree loaded from TOML.
 
-Unknown keys are errors; ``${NAME}`` inside any string is replaced by the environment
-variable ``NAME`` at load time, and a missing variable is a load error (DESIGN.md, Config).
+Unknown keys are errors; ``${NAME}`` inside any string value is replaced by the environment
+variable ``NAME`` at load time, and a missing variable is a load error (README, "Configuration").
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ class RegistryConfig(_Model):
 
 
 class GatewayConfig(_Model):
-    """The whole config file (DESIGN.md, Config)."""
+    """The whole config file (README, "Configuration")."""
 
     listener: ListenerConfig = ListenerConfig()
     cache: CacheConfig = CacheConfig()
@@ -212,7 +212,9 @@ class GatewayConfig(_Model):
     @model_validator(mode="after")
     def _no_token_passthrough(self) -> GatewayConfig:
         # With gateway auth, the caller's Authorization carries the gateway's own token,
-        # which must never reach an upstream (digest §10).
+        # which must never reach an upstream (MCP 2026-07-28, basic/authorization, 'Token
+        # Handling'; basic/authorization/security-considerations, 'Access Token Privilege
+        # Restriction').
         if self.auth is not None:
             bad = sorted(n for n, u in self.upstreams.items() if u.forward_authorization)
             if bad:

@@ -1,10 +1,12 @@
 """Every error the gateway answers itself, and the one function that turns one into a response.
 
-Each error knows its JSON-RPC code and its HTTP status (MCP 2026-07-28, Base Protocol, "Error
-codes", and Streamable HTTP transport, "Sending Messages to the Server": a request the server
-rejects gets a JSON-RPC error with the request's ``id`` and a 4xx status; a bare 4xx would push a
-dual-era client into the legacy fallback). Transport failures on the way to an upstream become
-:class:`BadGateway` / :class:`GatewayTimeout` in ``gateway.upstream`` only.
+Each error knows its JSON-RPC code and its HTTP status (MCP 2026-07-28, basic/index, 'Error
+Codes'). A request the gateway rejects gets a JSON-RPC error with the request's ``id`` (basic/index,
+'Error Responses') and a 4xx status: a bare 4xx would push a dual-era client into the legacy
+fallback (basic/transports/streamable-http, 'Backward Compatibility'). Transport failures on the
+way to an upstream become :class:`BadGateway` / :class:`GatewayTimeout` in ``gateway.upstream``;
+an answer that is not a JSON-RPC response to the request becomes :class:`BadGateway` in
+``gateway.proxy.forward``.
 
 The tree is flat on purpose: one base class, one subclass per (code, status) pair.
 """
@@ -95,7 +97,8 @@ class InvalidRequest(GatewayError):
 
 
 class InvalidParams(GatewayError):
-    """Required ``params._meta`` fields missing (-32602, HTTP 400; Base Protocol, "_meta")."""
+    """Required ``params._meta`` fields missing or of the wrong type (-32602, HTTP 400;
+    MCP 2026-07-28, basic/index, '`_meta`', 'Per-request protocol fields')."""
 
     code = -32602
     status = 400
@@ -103,14 +106,15 @@ class InvalidParams(GatewayError):
 
 class HeaderMismatch(GatewayError):
     """A request-metadata header missing or disagreeing with the body (-32020, HTTP 400;
-    Streamable HTTP transport, "Server Validation")."""
+    MCP 2026-07-28, basic/transports/streamable-http, 'Server Validation')."""
 
     code = -32020
     status = 400
 
 
 class NotFound(GatewayError):
-    """No upstream of that name (HTTP 404 with -32601, which dual-era clients read as modern)."""
+    """No upstream of that name (HTTP 404 with -32601, which dual-era clients read as modern:
+    MCP 2026-07-28, basic/transports/streamable-http, 'Protocol Version Header')."""
 
     code = -32601
     status = 404
@@ -135,8 +139,8 @@ class Unauthorized(GatewayError):
 
 
 class Forbidden(GatewayError):
-    """An ``Origin`` that is present and not allowed (HTTP 403; Streamable HTTP transport,
-    "Security Warning": DNS rebinding)."""
+    """An ``Origin`` that is present and not allowed (HTTP 403; MCP 2026-07-28,
+    basic/transports/streamable-http, 'Security & Endpoint': DNS rebinding)."""
 
     code = -32600
     status = 403
@@ -150,15 +154,16 @@ class PayloadTooLarge(GatewayError):
 
 
 class Overloaded(GatewayError):
-    """Too many requests in flight to one upstream (HTTP 503 with ``Retry-After``)."""
+    """Too many requests in flight to one upstream (HTTP 503; the raiser adds ``Retry-After``)."""
 
     code = -32603
     status = 503
 
 
 class BadGateway(GatewayError):
-    """The upstream was unreachable, reset the connection or answered something that is not
-    JSON-RPC (-32603 Internal error, HTTP 502)."""
+    """The upstream was unreachable, reset the connection, redirected, answered more than
+    ``max_response_bytes`` or something that is not a JSON-RPC answer to the request (-32603
+    Internal error, HTTP 502)."""
 
     code = -32603
     status = 502

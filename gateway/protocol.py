@@ -1,9 +1,11 @@
 """MCP facts and request validation (no I/O): method names, versions, the request-metadata
 headers, and what routing, validation and caching need from one POSTed message.
 
-Sources (MCP 2026-07-28): Base Protocol ("Requests", "_meta", "Error codes"), Versioning (the
-era of a request), the caching utility (the six methods whose results extend
-``CacheableResult``), and the Streamable HTTP transport ("Request metadata headers": the
+Sources (MCP 2026-07-28, https://modelcontextprotocol.io/specification/2026-07-28): basic/index
+('Requests', '`_meta`', 'Error Codes'); basic/versioning, 'Backward Compatibility with
+Initialization-Based Versions' (the era of a request); server/utilities/caching, 'Cacheable
+Results' (the six methods whose results extend schema ``CacheableResult``); and
+basic/transports/streamable-http, 'Request Metadata' and 'Value Encoding' (the
 ``MCP-Protocol-Version``, ``Mcp-Method`` and ``Mcp-Name`` headers and their base64 form).
 """
 
@@ -46,7 +48,8 @@ PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
 CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
 
 #: The methods whose ``resultType:"complete"`` results carry ``ttlMs``/``cacheScope``
-#: (caching utility page; exactly the schema types extending ``CacheableResult``).
+#: (MCP 2026-07-28, server/utilities/caching, 'Cacheable Results'; exactly the schema types
+#: extending ``CacheableResult``).
 CACHEABLE_METHODS: Final = frozenset(
     {
         "server/discover",
@@ -58,7 +61,8 @@ CACHEABLE_METHODS: Final = frozenset(
     }
 )
 
-#: Methods whose ``Mcp-Name`` header mirrors a body field (streamable-http, SEP-2243).
+#: Methods whose ``Mcp-Name`` header mirrors a body field (MCP 2026-07-28,
+#: basic/transports/streamable-http, 'Standard Request Headers').
 NAME_FIELD: Final[Mapping[str, str]] = {
     "tools/call": "name",
     "prompts/get": "name",
@@ -108,11 +112,12 @@ def method_label(method: str | None) -> str:
 
 
 def decode_header_value(value: str) -> str | None:
-    """Decode an ``Mcp-Name``/``Mcp-Param-*`` value (streamable-http, SEP-2243).
+    """Decode an ``Mcp-Name``/``Mcp-Param-*`` value (MCP 2026-07-28,
+    basic/transports/streamable-http, 'Value Encoding').
 
     Plain values are returned as they are; ``=?base64?<b64 of UTF-8>?=`` is decoded.
-    Returns ``None`` when the sentinel form does not decode to UTF-8 or the plain value
-    has characters outside visible ASCII, space and tab.
+    Returns ``None`` when the sentinel form is not valid base64 or not UTF-8, or the plain
+    value has characters outside visible ASCII, space and tab.
     """
     if value.startswith(_SENTINEL_PREFIX) and value.endswith(_SENTINEL_SUFFIX):
         payload = value[len(_SENTINEL_PREFIX) : len(value) - len(_SENTINEL_SUFFIX)]
@@ -135,10 +140,11 @@ class ParsedRequest:
     much to build (``object.__setattr__`` per field) and one is built for every request.
 
     ``kind`` is ``request`` (has an id), ``notification`` (no id) or ``response`` (a legacy
-    client's answer to a server request). ``version`` is the body's protocol version for
-    modern requests. ``cache_bypass`` is ``None`` when the request may be served from or
-    stored in the cache, else the reason it may not (``uncacheable``, ``legacy``,
-    ``notification``, ``input-responses``, ``unknown-version``).
+    client's answer to a server request). ``version`` is the body's ``_meta`` protocol version
+    for modern requests, the ``MCP-Protocol-Version`` header's value for notifications and
+    legacy requests (``None`` when absent), and ``None`` for responses. ``cache_bypass`` is
+    ``None`` when the request may be served from or stored in the cache, else the reason it may
+    not (``uncacheable``, ``legacy``, ``notification``, ``input-responses``, ``unknown-version``).
     """
 
     kind: Literal["request", "notification", "response"]
@@ -160,15 +166,20 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     ``headers`` must be case-insensitive (aiohttp's ``CIMultiDictProxy``); a request-metadata
     header sent twice with different values is a mismatch (only one could be checked). Legacy-era
     messages (``initialize``, an ``Mcp-Session-Id``, a legacy ``MCP-Protocol-Version``, or
-    neither that header nor modern ``_meta``) are only parsed, never validated: they go to
-    the upstream as they are.
+    neither that header nor a ``_meta`` protocol version) get only the JSON-RPC envelope checks
+    (and the duplicate ``MCP-Protocol-Version`` check, which decides the era): they go to the
+    upstream as they are. Modern notifications are not checked against their headers either.
 
     Raises:
         ParseError: the body is not JSON (-32700).
-        InvalidRequest: a batch, a non-object, a bad ``id`` or ``method`` (-32600).
-        InvalidParams: modern request without both required ``_meta`` fields (-32602).
-        HeaderMismatch: a modern request whose ``MCP-Protocol-Version``, ``Mcp-Method`` or
-            ``Mcp-Name`` header is missing or disagrees with the body (-32020).
+        InvalidRequest: a batch, a non-object, ``jsonrpc`` not ``"2.0"``, a bad ``id`` or
+            ``method`` (-32600).
+        InvalidParams: a modern request whose ``params._meta`` is absent or lacks
+            ``protocolVersion`` (a string) or ``clientCapabilities`` (an object) (-32602).
+        HeaderMismatch: ``MCP-Protocol-Version`` sent twice with different values, or a modern
+            request whose ``MCP-Protocol-Version``, ``Mcp-Method`` or (``tools/call``,
+            ``prompts/get``, ``resources/read``) ``Mcp-Name`` header is missing, repeated with
+            different values or disagrees with the body (-32020).
     """
     try:
         msg = loads(body)
@@ -222,7 +233,8 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
             "request" if has_id else "notification", request_id, method, "legacy", header_version, params, "legacy"
         )
     if not has_id:
-        # Header rules for notification POSTs are left undefined by 2026-07-28 (§13.9).
+        # Header rules for notification POSTs are left undefined by 2026-07-28 (MCP 2026-07-28,
+        # basic/transports/streamable-http, 'Sending Messages', Note).
         return ParsedRequest("notification", request_id, method, "modern", header_version, params, "notification")
     if header_version is None:
         raise HeaderMismatch("Header mismatch: MCP-Protocol-Version header is required", request_id=request_id)

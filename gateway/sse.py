@@ -1,5 +1,6 @@
-"""An incremental ``text/event-stream`` parser (WHATWG HTML, "Server-sent events": parsing an
-event stream), for the SSE answers of the Streamable HTTP transport."""
+"""An incremental ``text/event-stream`` parser (WHATWG HTML, §9.2.5 'Parsing an event stream'),
+for the SSE answers of the Streamable HTTP transport (MCP 2026-07-28,
+basic/transports/streamable-http, 'Receiving Messages')."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ class SSEParser:
 
     :meth:`feed` takes raw bytes as they arrive and returns the ``data`` payload of each
     event completed by them (multi-line data joined with ``\\n``); comments and other
-    fields are ignored. An event larger than ``max_event_bytes`` marks the parser
-    ``overflowed`` and it stops collecting.
+    fields are ignored. When the unfinished line and event held exceed ``max_event_bytes``,
+    the parser drops them and is marked ``overflowed``: every later :meth:`feed` returns
+    nothing.
     """
 
     __slots__ = ("_buf", "_data", "_max", "_started", "overflowed")
@@ -58,8 +60,8 @@ class SSEParser:
         return events
 
     def finish(self) -> list[bytes]:
-        """At the end of the stream: a trailing ``\r`` ends its line (it was held back in
-        case ``\n`` followed); an event without its blank line is dropped (WHATWG)."""
+        """At the end of the stream: a trailing ``\\r`` ends its line (it was held back in
+        case ``\\n`` followed); an event without its blank line is dropped (WHATWG)."""
         return self.feed(b"\n") if self._buf.endswith(b"\r") else []
 
 

@@ -11,7 +11,7 @@ __all__ = ["Coalescer"]
 
 
 class Coalescer:
-    """Collapses concurrent misses on one key into one upstream request (DESIGN.md).
+    """Collapses concurrent misses on one key into one upstream request (README, "The cache").
 
     The first caller of :meth:`claim` for a key is the leader and must call
     :meth:`release` with the stored entry or ``None``; later callers get a future that

@@ -1,10 +1,11 @@
 """Cache keys: what makes two requests the same request to the cache.
 
-MCP 2026-07-28, caching utility ("Cache key"): a key is the method and its params; the JSON-RPC
-``id``, ``clientInfo``, ``progressToken`` and trace context never count. The gateway adds the
-protocol version, the client's capabilities (an answer may depend on what the client can do)
-unless the upstream opts out, and for upstreams that receive the caller's ``Authorization`` the
-caller's authorization context.
+MCP 2026-07-28, server/utilities/caching, 'Cache Key': a key is the method and its params; the
+JSON-RPC ``id``, ``clientInfo``, ``progressToken`` and trace context never count. The gateway adds
+the upstream, the protocol version (basic/versioning, 'Protocol Version Negotiation'), the
+client's capabilities (an answer may depend on what the client can do) unless the upstream opts
+out, and for upstreams that receive the caller's ``Authorization`` the caller's authorization
+context ('Cache Scope Field'): these additions are the gateway's own rules.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def canonical_json(value: object) -> bytes:
     """Deterministic JSON: sorted keys, no insignificant white space.
 
     Raises:
-        ValueError: ``value`` holds a non-finite number.
+        ValueError: ``value`` holds a number beyond the float range (see :func:`~gateway.codec.dumps`).
     """
     return dumps(value, sort_keys=True)
 
@@ -36,7 +37,8 @@ class CacheKey(NamedTuple):
     the upstream does not vary on them; ``authorization`` a SHA-256 of the caller's
     ``Authorization`` header for upstreams with ``forward_authorization``: such an upstream
     authenticates every request itself, so even its ``public`` answers are reused only within
-    one authorization context, never in place of the upstream's own 401.
+    one authorization context, never in place of the upstream's own 401 (the gateway's rule;
+    cf. MCP 2026-07-28, server/utilities/caching, 'Security Considerations').
     """
 
     upstream: str
@@ -56,7 +58,8 @@ def make_key(
     it, else ``None``.
 
     Raises:
-        ValueError: the params hold a non-finite number (such a request is not cached).
+        ValueError: the params or capabilities hold a number beyond the float range (such a
+            request is not cached).
     """
     params: Mapping[str, Any] = request.params or {}
     meta = params.get("_meta")
@@ -69,7 +72,7 @@ def make_key(
     caps: bytes | None = None
     if vary_on_capabilities:
         client_caps = meta.get(CLIENT_CAPABILITIES_KEY) if type(meta) is dict else None
-        # {} is the commonest set: its digest is computed once.
+        # {} is the commonest set: its hash is computed once.
         caps = _EMPTY_CAPS if client_caps == {} else hashlib.sha256(canonical_json(client_caps)).digest()
     auth = None if authorization is None else hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).digest()
     return CacheKey(upstream, request.method or "", rest, request.version or "", caps, auth)

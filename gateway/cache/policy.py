@@ -1,11 +1,13 @@
 """Cache policy: what may be stored, how an entry answers a hit, and what a notification makes stale.
 
-MCP 2026-07-28, caching utility: a result of the six cacheable methods carries ``ttlMs`` and
-``cacheScope``; a shared cache may keep it only when ``cacheScope`` is ``"public"``, for no longer
-than ``ttlMs`` from receipt, and answers with ``ttlMs`` lowered to the time that is left.
-``resultType`` other than ``"complete"`` (an input-required result) is never a cacheable answer.
+MCP 2026-07-28, server/utilities/caching: a result of the six cacheable methods carries ``ttlMs``
+and ``cacheScope`` ('Cacheable Results'); a shared cache may keep it only when ``cacheScope`` is
+``"public"`` ('Cache Scope Field'), for no longer than ``ttlMs`` from receipt ('Freshness
+Calculation'). The gateway answers a hit with ``ttlMs`` lowered to the time that is left (its own
+reading of 'Freshness Calculation'). An input-required result is never a cacheable answer.
 Notifications (``notifications/*/list_changed``, ``notifications/resources/updated``) make
-entries stale before their time (subscriptions: ``subscriptions/listen``).
+entries stale before their time ('Interaction with Notifications'; they arrive on a
+``subscriptions/listen`` stream, basic/patterns/subscriptions).
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ def store_outcome(status: int, message: object, size: int, max_entry_bytes: int)
 
     ``message`` is the parsed JSON-RPC response and ``size`` its serialised size in bytes.
     Returns ``"stored"`` or the reason it may not be: ``status`` (not HTTP 200), ``error``
-    (JSON-RPC error or not a result), ``input_required`` (``resultType`` other than
-    ``complete``), ``private`` (``cacheScope`` not exactly ``public``, absent included,
-    digest §13.2), ``no_ttl`` (``ttlMs`` absent, not an integer, or ``<= 0``), ``too_large``.
+    (JSON-RPC error or not a result), ``input_required`` (``resultType`` absent or other than
+    ``complete``), ``private`` (``cacheScope`` not exactly ``public``, absent included: schema
+    ``CacheableResult`` requires it and MCP 2026-07-28, server/utilities/caching, 'Cache Scope
+    Field' gives no default), ``no_ttl`` (``ttlMs`` absent, not an integer, or ``<= 0``),
+    ``too_large`` (``size`` over ``max_entry_bytes``).
     """
     if status != 200:
         return "status"
@@ -61,11 +65,12 @@ _RESPONSE_START: Final = b'{"jsonrpc":"2.0","id":'
 class CacheEntry:
     """One stored result, pre-rendered so a hit costs one byte join.
 
-    ``head`` and ``tail`` are the serialised result before and after its ``ttlMs`` value
-    (views of one buffer, so the result is held once). The response to a hit is
-    ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs + ``tail``;
-    ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored lifetime
-    (already capped by ``max_ttl_ms``), ``size`` the payload size in bytes.
+    ``head`` and ``tail`` are the rest of the response after its id (``,"result":{...}}``),
+    before and after the ``ttlMs`` value (views of one buffer, so the result is held once).
+    The response to a hit is ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs +
+    ``tail``; ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored lifetime
+    in milliseconds (already capped by ``max_ttl_ms``), ``size`` the length of the buffer
+    ``head`` and ``tail`` are views of, in bytes.
     """
 
     head: bytes | memoryview
@@ -97,8 +102,9 @@ _PLACEHOLDER_JSON: Final = dumps(_PLACEHOLDER)
 def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> CacheEntry | None:
     """Pre-render a storable response (see :func:`store_outcome`) as a :class:`CacheEntry`.
 
-    Lifetime is ``min(ttlMs, max_ttl_ms)`` from ``now``. Returns ``None`` if the result
-    cannot be split around its ``ttlMs`` (it never happens for JSON the gateway parsed).
+    Lifetime is ``min(ttlMs, max_ttl_ms)`` milliseconds from ``now`` (clock seconds). Returns
+    ``None`` if the result cannot be written back (it holds a number beyond the float range) or
+    cannot be split around its ``ttlMs``.
     """
     result = dict(message["result"])
     ttl_ms = min(int(result["ttlMs"]), max_ttl_ms)
@@ -118,7 +124,8 @@ def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> Cach
 
 
 def uri_of(key: CacheKey) -> object:
-    """The ``uri`` of a ``resources/read`` key (``None`` for other keys)."""
+    """The ``uri`` in ``key``'s params (for a ``resources/read`` key, the resource read), or
+    ``None`` when they have none."""
     try:
         params = orjson.loads(key.params)
     except orjson.JSONDecodeError:
@@ -127,12 +134,15 @@ def uri_of(key: CacheKey) -> object:
 
 
 def invalidation(upstream: str, method: str, params: Mapping[str, Any]) -> Callable[[CacheKey], bool] | None:
-    """Which of ``upstream``'s cache entries a listen-stream notification makes stale (digest §8).
+    """Which of ``upstream``'s cache entries a listen-stream notification makes stale (MCP
+    2026-07-28, server/utilities/caching, 'Interaction with Notifications').
 
     ``tools/list_changed`` → every ``tools/list`` page; ``prompts/list_changed`` → ``prompts/list``;
     ``resources/list_changed`` → ``resources/list`` and ``resources/templates/list`` (which has no
-    notification of its own); ``resources/updated {uri}`` → ``resources/read`` of that URI and of
-    its sub-resources. ``None`` for any other notification.
+    notification of its own: the gateway's choice); ``resources/updated {uri}`` → ``resources/read``
+    of that URI and of its sub-resources (schema ``ResourceUpdatedNotificationParams``: the ``uri``
+    "might be a sub-resource"). ``None`` for any other notification, or a ``resources/updated``
+    without a string ``uri``.
     """
     methods = {
         "notifications/tools/list_changed": ("tools/list",),

@@ -71,8 +71,8 @@ class MemoryStore:
 
     Bounded by ``max_entries`` entries and ``max_bytes`` bytes in total; ``clock`` gives seconds.
     An entry is gone from ``expires_at`` on (``clock() >= expires_at``). ``on_evict(reason,
-    count)`` hears of ``expired`` entries (counted by the next miss, put or purge that finds
-    them), ``size`` evictions and purges.
+    count)`` hears of ``expired`` entries (counted by the next miss, put, purge, ``len()`` or
+    ``total_bytes`` that finds them), ``size`` evictions and purges (under the purge's reason).
     """
 
     def __init__(

@@ -1,9 +1,10 @@
 """Forwarding one request upstream, relaying the answer, and storing it when it may be stored.
 
 The request body goes upstream byte for byte; a JSON answer is relayed whole, an SSE answer
-chunk by chunk as it arrives (MCP 2026-07-28, Streamable HTTP transport, "Sending Messages": the
-server may answer with one JSON object or an event stream whose last event is the response).
-Only the answer to a cacheable request is parsed whole; others are checked for their envelope.
+chunk by chunk as it arrives (MCP 2026-07-28, basic/transports/streamable-http, 'Sending
+Messages', item 6: the server may answer with one JSON object or an event stream; 'Receiving
+Messages': notifications, then the final response). Only an answer to be stored (the request
+has a cache key) is parsed whole; others are checked for their envelope.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ class Forwarder:
         Raises:
             Overloaded: ``max_inflight`` requests to that upstream are under way.
             HeaderMismatch: a header to forward cannot be passed on unchanged.
-            BadGateway, GatewayTimeout: the upstream failed (see :class:`~gateway.upstream.Upstream`).
+            BadGateway, GatewayTimeout: the upstream failed (see :class:`~gateway.upstream.Upstream`),
+                or answered a request with HTTP 2xx/5xx and a body that is not a JSON-RPC
+                response to it (:class:`BadGateway`).
         """
         upstream = ex.upstream
         assert upstream is not None
@@ -121,9 +124,10 @@ class Forwarder:
             ex.upstream_seconds = time.perf_counter() - started
 
     async def close_streams(self) -> None:
-        """End every SSE answer being relayed (the app's ``on_shutdown``): each caller gets a
-        clean end of stream with a JSON-RPC error (-32603) instead of waiting out the shutdown
-        timeout; a listen stream's client then re-subscribes elsewhere."""
+        """End every SSE answer being relayed (the app's ``on_shutdown``): each caller still
+        waiting for its response gets a JSON-RPC error event (-32603) and a clean end of stream
+        instead of waiting out the shutdown timeout (a legacy ``GET`` stream just ends); a listen
+        stream's client then re-subscribes elsewhere."""
         self._closing = True
         for resp in list(self._streams):
             resp.close()
@@ -154,7 +158,7 @@ class Forwarder:
         JSON-RPC response in it is stored. If the upstream stream ends without a response to the
         request, a JSON-RPC error event ends it."""
         headers = self._passthrough_headers(ex, resp)  # sent before the stream ends: never "stored"
-        headers["X-Accel-Buffering"] = "no"
+        headers["X-Accel-Buffering"] = "no"  # MCP 2026-07-28, streamable-http, 'Receiving Messages'
         headers["Cache-Control"] = "no-cache"
         out = web.StreamResponse(status=resp.status, headers=headers)
         await out.prepare(ex.request)
@@ -184,7 +188,8 @@ class Forwarder:
                     await out.write(b"event: message\ndata: " + error.body() + b"\n\n")
         except ConnectionResetError:
             # The caller went away: closing our side of the upstream request (on return) tells
-            # the upstream (cancellation by disconnect). Nothing is stored.
+            # the upstream (cancellation by disconnect: MCP 2026-07-28,
+            # basic/transports/streamable-http, 'Cancellation'). Nothing is stored.
             ex.disconnected = True
             return out
         if final is not None:

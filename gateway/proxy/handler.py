@@ -1,9 +1,11 @@
 """The aiohttp handlers of ``/servers/{name}/mcp``: validate, look up, forward, store, respond.
 
-Order on every POST: the ``Origin`` check (MCP 2026-07-28, Streamable HTTP transport, "Security &
-Endpoint": DNS rebinding), the body read and parsed, the caller's token (before the cache, even
-for ``public`` entries: a cached answer is never a way around authentication), the request
-checked against its headers, then the cache or the upstream.
+Order on every POST: the ``Origin`` check (MCP 2026-07-28, basic/transports/streamable-http,
+'Security & Endpoint': DNS rebinding), the body read, then parsed and checked against its headers
+('Server Validation'); whatever that finds, the caller's token and the upstream name are checked
+before any parse or header error is answered, and before the cache, even for ``public`` entries:
+a cached answer is never a way around authentication (basic/authorization, 'Token Handling';
+server/utilities/caching, 'Security Considerations'). Then the cache or the upstream.
 
 This module is the plain path, written to be read. ``gateway.proxy.hot`` serves cache hits
 with some of these steps inlined, and must answer byte for byte as this module does.
