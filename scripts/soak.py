@@ -52,7 +52,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fleet import run_server  # noqa: E402
+from tests.support.fleet import run_server  # noqa: E402
 
 V = "2026-07-28"
 PV_KEY = "io.modelcontextprotocol/protocolVersion"

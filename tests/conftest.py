@@ -1,21 +1,21 @@
-"""Generic fixtures shared by the test modules.
+"""Fixtures shared by the test modules (the helpers they use are in ``tests/support/``).
 
-* ``FakeClock`` / ``fake_clock``: a monotonic clock the test moves by hand, for
-  ``create_app(config, clock=...)`` (cache expiry without sleeping).
+* ``fake_clock``: a :class:`~tests.support.FakeClock` for ``create_app(config, clock=...)``.
 * ``http``: an ``aiohttp.ClientSession`` without a connection limit (for concurrent callers).
 * ``start_gateway``: starts the gateway in-process on 127.0.0.1 from a config dict and
   stops it at the end of the test.
+* ``start_upstream``: serves a :class:`~tests.support.FakeUpstream` whose answers the test writes.
+* ``public_up``, ``private_up``, ``changing_up``: the real SDK servers of ``tests/servers/``
+  (``public_upstream.py`` and so on), one process per test module (each takes a second to start).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 from prometheus_client import CollectorRegistry
 
@@ -23,18 +23,8 @@ from gateway.app import create_app
 from gateway.cache import Clock
 from gateway.config import parse_config
 
-
-class FakeClock:
-    """Monotonic seconds that only move when :meth:`advance` is called."""
-
-    def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .support import FakeClock, FakeUpstream, Handler, RunningGateway, StartGateway, StartUpstream
+from .support.fleet import Upstream, run_server
 
 
 @pytest.fixture
@@ -46,26 +36,6 @@ def fake_clock() -> FakeClock:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         yield session
-
-
-@dataclass
-class RunningGateway:
-    """A gateway served in-process by an aiohttp ``TestServer``."""
-
-    server: TestServer
-    app: web.Application
-    registry: CollectorRegistry
-
-    @property
-    def base_url(self) -> str:
-        return str(self.server.make_url("")).rstrip("/")
-
-    def url(self, upstream: str) -> str:
-        """The MCP endpoint of upstream ``upstream`` behind this gateway."""
-        return f"{self.base_url}/servers/{upstream}/mcp"
-
-
-StartGateway = Callable[..., Awaitable[RunningGateway]]
 
 
 @pytest.fixture
@@ -89,3 +59,38 @@ async def start_gateway() -> AsyncIterator[StartGateway]:
     yield start
     for server in reversed(servers):
         await server.close()
+
+
+@pytest.fixture
+def start_upstream(aiohttp_server: Any) -> StartUpstream:
+    """``await start_upstream(answer=None)`` -> a served :class:`FakeUpstream` (its ``url`` set);
+    ``answer`` answers what its ``handlers`` do not name (default: a public tools list)."""
+
+    async def start(answer: Handler | None = None) -> FakeUpstream:
+        upstream = FakeUpstream() if answer is None else FakeUpstream(answer)
+        server: TestServer = await aiohttp_server(upstream.app())
+        upstream.url = str(server.make_url("/mcp"))
+        return upstream
+
+    return start
+
+
+@pytest.fixture(scope="module")
+def public_up() -> Iterator[Upstream]:
+    """``public_upstream.py``: every cacheable answer public (ttlMs 60000)."""
+    with run_server("public_upstream") as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def private_up() -> Iterator[Upstream]:
+    """``private_upstream.py``: every cacheable answer private."""
+    with run_server("private_upstream") as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def changing_up() -> Iterator[Upstream]:
+    """``changing_upstream.py``: adds a tool or changes ``res://counter`` when asked, and notifies."""
+    with run_server("changing_upstream") as up:
+        yield up

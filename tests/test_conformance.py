@@ -1,4 +1,4 @@
-"""Transparency against the official MCP conformance suite (PEERS.md).
+"""Transparency against the official MCP conformance suite (``@modelcontextprotocol/conformance``).
 
 Each scenario runs once against a real SDK upstream directly and once through the gateway;
 the per-check verdicts must be identical, and the direct baseline must be all SUCCESS (so
@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestServer
 from gateway.app import create_app
 from gateway.config import parse_config
 
-from .conformance import SCENARIOS, arun_scenario, tools_available
-from .fleet import Upstream, run_server
+from .support.conformance import SCENARIOS, run_scenario, tools_available
+from .support.fleet import Upstream, run_server
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,9 +44,9 @@ async def gateway_url(upstream: Upstream) -> AsyncIterator[str]:
 async def test_scenario_verdicts_through_the_gateway_equal_direct(
     scenario: str, upstream: Upstream, gateway_url: str, tmp_path: Path
 ) -> None:
-    direct = await arun_scenario(upstream.url, scenario, tmp_path / "direct")
+    direct = await run_scenario(upstream.url, scenario, tmp_path / "direct")
     assert direct, f"{scenario}: no checks ran"
     failing = {k: v for k, v in direct.items() if v != "SUCCESS"}
     assert not failing, f"{scenario}: the direct baseline is not all SUCCESS: {failing}"
-    through = await arun_scenario(gateway_url, scenario, tmp_path / "gateway")
+    through = await run_scenario(gateway_url, scenario, tmp_path / "gateway")
     assert through == direct

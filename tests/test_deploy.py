@@ -449,6 +449,7 @@ def test_config_passes_gateway_check_config():
     if not exe:
         pytest.skip("mcp-gateway is not installed (pip install .)")
     env = {**os.environ, "GATEWAY_TOKEN": "deploy-test-gateway-token",
-           "GATEWAY_ADMIN_TOKEN": "deploy-test-admin-token", "WEATHER_TOKEN": "deploy-test-weather-token"}
+           "GATEWAY_ADMIN_TOKEN": "deploy-test-admin-token", "GATEWAY_METRICS_TOKEN": "deploy-test-metrics-token",
+           "WEATHER_TOKEN": "deploy-test-weather-token"}
     proc = run([exe, "check-config", str(DEPLOY / "config.example.toml")], env=env)
     assert proc.returncode == 0, output(proc)

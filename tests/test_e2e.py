@@ -1,7 +1,7 @@
 """End-to-end tests: real MCP SDK upstreams behind, the gateway in-process, real clients in front.
 
 Upstreams are the servers in ``tests/servers/`` (official ``mcp`` SDK, started once per module
-through ``tests/fleet.py``); they count requests per JSON-RPC method (``/_counts``, reset before
+through ``tests/support/fleet.py``); they count requests per JSON-RPC method (``/_counts``, reset before
 every test) and record the raw bytes and headers they received (``/_requests``). The gateway
 runs in-process with a fake clock, so cache expiry is tested without sleeping. In front: the
 official ``mcp.Client`` and raw aiohttp requests (for headers, exact bytes and concurrency).
@@ -10,7 +10,6 @@ official ``mcp.Client`` and raw aiohttp requests (for headers, exact bytes and c
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,26 +25,25 @@ from mcp.server.lowlevel import Server
 from multidict import CIMultiDictProxy
 from pydantic import BaseModel
 
-from .conftest import FakeClock, RunningGateway, StartGateway
-from .fleet import Upstream, fetch_counts, fetch_requests, reset_counts, run_server
+from .support import (
+    ACCEPT,
+    CACHEABLE,
+    CLIENT_INFO_KEY,
+    LEGACY_V,
+    NAME_FIELD,
+    FakeClock,
+    RunningGateway,
+    StartGateway,
+    V,
+    mcp_headers,
+    sse_events,
+    sse_messages,
+    wire,
+)
+from .support.fleet import Upstream, fetch_counts, fetch_requests, reset_counts, run_server
 
-V = "2026-07-28"
-LEGACY_V = "2025-11-25"
-PV_KEY = "io.modelcontextprotocol/protocolVersion"
-CAPS_KEY = "io.modelcontextprotocol/clientCapabilities"
-INFO_KEY = "io.modelcontextprotocol/clientInfo"
 CLIENT_INFO = {"name": "e2e-tests", "version": "1.0.0"}
 ELICIT_CAPS = {"elicitation": {"form": {}}}
-ACCEPT = "application/json, text/event-stream"
-NAME_FIELD = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
-CACHEABLE = {
-    "server/discover",
-    "tools/list",
-    "prompts/list",
-    "resources/list",
-    "resources/templates/list",
-    "resources/read",
-}
 UPSTREAM_TTL_MS = 60_000  # the tests/servers default
 CONFIRM_KEY = "_features:ask_confirmation"  # the inputRequests key of confirm_action's resolver
 
@@ -53,18 +51,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 # -- upstream processes (module scope: they take a second or two to start) -----------------------
-
-
-@pytest.fixture(scope="module")
-def public_up() -> Iterator[Upstream]:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def private_up() -> Iterator[Upstream]:
-    with run_server("private_upstream") as up:
-        yield up
+# public_up and private_up are conftest's.
 
 
 @pytest.fixture(scope="module")
@@ -147,42 +134,6 @@ class Reply:
         return dict(msg["result"])
 
 
-def sse_events(raw: bytes) -> list[bytes]:
-    """The data payloads of the complete events in ``raw``."""
-    text = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    out = []
-    for block in text.split(b"\n\n")[:-1]:
-        data = [line[5:].lstrip(b" ") if line.startswith(b"data:") else None for line in block.split(b"\n")]
-        payload = [d for d in data if d is not None]
-        if payload:
-            out.append(b"\n".join(payload))
-    return out
-
-
-def sse_messages(raw: bytes) -> list[dict[str, Any]]:
-    return [json.loads(e) for e in sse_events(raw)]
-
-
-def name_header(value: str) -> str:
-    """``Mcp-Name`` value: as is when plain ASCII, else the base64 sentinel (SEP-2243)."""
-    if value.isascii() and value.isprintable():
-        return value
-    return "=?base64?" + base64.b64encode(value.encode()).decode() + "?="
-
-
-def mcp_headers(method: str, params: dict[str, Any] | None = None, *, version: str = V) -> dict[str, str]:
-    headers = {
-        "Accept": ACCEPT,
-        "Content-Type": "application/json",
-        "MCP-Protocol-Version": version,
-        "Mcp-Method": method,
-    }
-    name_key = NAME_FIELD.get(method)
-    if name_key is not None and params is not None:
-        headers["Mcp-Name"] = name_header(params[name_key])
-    return headers
-
-
 def mcp_body(
     method: str,
     params: dict[str, Any] | None = None,
@@ -193,14 +144,9 @@ def mcp_body(
     client_info: dict[str, Any] | None = None,
     meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    p = dict(params or {})
-    p["_meta"] = {
-        PV_KEY: version,
-        INFO_KEY: client_info or CLIENT_INFO,
-        CAPS_KEY: caps if caps is not None else {},
-        **(meta or {}),
-    }
-    return {"jsonrpc": "2.0", "id": id, "method": method, "params": p}
+    """A modern request as an SDK client writes it, ``clientInfo`` in its ``_meta``."""
+    more = {CLIENT_INFO_KEY: client_info or CLIENT_INFO, **(meta or {})}
+    return wire.rpc(method, id, caps, more, version=version, **(params or {}))
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str] | None = None) -> Reply:
@@ -219,7 +165,9 @@ async def rpc(
     **body_kw: Any,
 ) -> Reply:
     body = mcp_body(method, params, version=version, **body_kw)
-    hdrs = {**mcp_headers(method, params, version=version), **(headers or {})}
+    field = NAME_FIELD.get(method)
+    name = params[field] if field is not None and params is not None else None
+    hdrs = {**mcp_headers(method, name, version=version), **(headers or {})}
     return await post(http, url, json.dumps(body).encode(), hdrs)
 
 
@@ -563,9 +511,7 @@ async def test_upstream_receives_byte_identical_request_bodies(
     gw: RunningGateway, http: aiohttp.ClientSession, public_up: Upstream
 ) -> None:
     for method, name, body in ODD_BODIES:
-        headers = mcp_headers(method)
-        if name is not None:
-            headers["Mcp-Name"] = name_header(name)
+        headers = mcp_headers(method, name)
         reply = await post(http, gw.url("pub"), body, headers)
         assert reply.status == 200, (method, reply.raw)
         assert reply.json["id"] == json.loads(body)["id"]
@@ -766,7 +712,7 @@ async def test_slow_progress_events_are_relayed_as_they_happen(gw: RunningGatewa
     body = json.dumps(mcp_body("tools/call", params, id=9, meta={"progressToken": "tok-9"})).encode()
     loop = asyncio.get_running_loop()
     arrivals: list[tuple[float, dict[str, Any]]] = []
-    async with http.post(gw.url("pub"), data=body, headers=mcp_headers("tools/call", params)) as resp:
+    async with http.post(gw.url("pub"), data=body, headers=mcp_headers("tools/call", "slow_progress")) as resp:
         assert resp.status == 200
         assert resp.content_type == "text/event-stream"
         buf = b""

@@ -7,7 +7,8 @@ bytes, mismatches, duplicates, odd spellings) and SSE framing from a scripted up
 ``\\r\\n``/``\\n``/``\\r`` line endings, comments, garbage lines, interleaved notifications, partial
 final events, final responses with matching or other ids).
 
-The contract checked for every input (digest §7 "Server Validation", §12 gotchas 1, 2, 4, 12):
+The contract checked for every input (MCP 2026-07-28: Base Protocol, "Requests" and "Error codes";
+Streamable HTTP, "Request metadata headers"):
 status in the expected set; a gateway-made error is a JSON-RPC error object whose ``id`` echoes the
 request's when it was readable; a forwarded answer carries the caller's id and the answer to the
 caller's own params; forwarded header values are unchanged; SSE bytes are relayed as they came and
@@ -27,15 +28,14 @@ import binascii
 import json
 import re
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from hypothesis import HealthCheck, assume, event, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
@@ -43,33 +43,34 @@ from gateway import codec, protocol
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
 from gateway.errors import GatewayError
-from gateway.protocol import (
-    CLIENT_CAPABILITIES_KEY,
-    PROTOCOL_VERSION_KEY,
-    ParsedRequest,
-    decode_header_value,
-    parse_request,
-)
+from gateway.protocol import ParsedRequest, decode_header_value, parse_request
 from gateway.sse import SSEParser
 
-V = "2026-07-28"
-LEGACY_V = "2025-11-25"
-ACCEPT = "application/json, text/event-stream"
+from .support import (
+    ACCEPT,
+    CACHEABLE,
+    CLIENT_CAPABILITIES_KEY,
+    LEGACY_V,
+    LEGACY_VERSIONS,
+    NAME_FIELD,
+    PROTOCOL_VERSION_KEY,
+    SENTINEL_PREFIX,
+    SENTINEL_SUFFIX,
+    FakeUpstream,
+    StartUpstream,
+    V,
+    header_value,
+    list_result,
+    rpc,
+    sentinel,
+    sse_events,
+)
+
 MAX_BODY = 64 * 1024
 REQUEST_TIMEOUT_S = 5.0
-CACHEABLE = ("server/discover", "tools/list", "prompts/list", "resources/list", "resources/templates/list")
-NAME_FIELD = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
-METHODS = (*CACHEABLE, "resources/read", "tools/call", "prompts/get", "completion/complete", "subscriptions/listen")
-LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
+METHODS = (*CACHEABLE, "tools/call", "prompts/get", "completion/complete", "subscriptions/listen")
 #: Gateway-made rejections: HTTP status -> the JSON-RPC codes it may carry.
 ERROR_CODES = {400: {-32700, -32600, -32602, -32020}, 413: {-32600}}
-SENTINEL_PREFIX, SENTINEL_SUFFIX = b"=?base64?", b"?="
-
-#: Gateway bugs the properties below step around; each has a strict xfail test at the end of this
-#: file. Remove an entry once its test passes, and the fuzz tests check the full property again.
-KNOWN_BUGS: frozenset[str] = frozenset()
-#: Nesting the gateway survives while "deep-nesting-500" is open (the standard library's recursion limit).
-SAFE_DEPTH = 800
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,21 +83,6 @@ PURE_SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=
 
 
 # -- shared helpers ------------------------------------------------------------------------------------------
-
-
-def rpc(method: str, id_: object = 1, caps: object = None, **params: Any) -> dict[str, Any]:
-    meta = {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: {} if caps is None else caps}
-    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": {"_meta": meta, **params}}
-
-
-def sentinel(value: str) -> str:
-    return (SENTINEL_PREFIX + base64.b64encode(value.encode()) + SENTINEL_SUFFIX).decode()
-
-
-def header_value(value: str) -> str:
-    """A request-metadata header value: plain when visible ASCII, else the base64 sentinel (SEP-2243)."""
-    plain = value == value.strip(" \t") and all(" " <= ch <= "~" or ch == "\t" for ch in value)
-    return value if plain and not value.startswith("=?base64?") else sentinel(value)
 
 
 def is_valid_id(value: object) -> bool:
@@ -119,40 +105,6 @@ def spec_loads(body: bytes) -> object:
         return json.loads(body.removeprefix(b"\xef\xbb\xbf").decode("utf-8"), parse_constant=_no_constant)
     except RecursionError as exc:
         raise ValueError("too deep") from exc
-
-
-def stdlib_reads_as_non_utf8(body: bytes) -> bool:
-    """Whether ``json.loads(bytes)`` decodes ``body`` as something other than strict UTF-8
-    (UTF-16/32 detection, or UTF-8-encoded surrogates let through by ``surrogatepass``)."""
-    if json.detect_encoding(body) not in ("utf-8", "utf-8-sig"):
-        return True
-    try:
-        body.decode("utf-8")
-    except UnicodeDecodeError:
-        try:
-            body.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError:
-            return False
-        return True
-    return False
-
-
-def nesting(body: bytes) -> int:
-    """Deepest ``[``/``{`` nesting of ``body`` outside strings (good enough for generated inputs)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in body:
-        if in_string:
-            escaped = not escaped and byte == 0x5C
-            in_string = escaped or byte != 0x22
-        elif byte == 0x22:
-            in_string = True
-        elif byte in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in b"]}":
-            depth -= 1
-    return deepest
 
 
 def readable_id(body: bytes, max_body: int | None = MAX_BODY) -> object:
@@ -186,11 +138,12 @@ def check_error_body(status: int, raw: bytes, expected_id: object) -> dict[str, 
 
 # -- 1. pure parsers (no socket) --------------------------------------------------------------------------------
 
+#: Any JSON value: integers of any size, any text, nested in arrays and objects (up to hypothesis's
+#: default of 100 leaves). The one definition every strategy below draws from.
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 json_values = st.recursive(
     json_scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=25,
 )
 ids = (
     st.integers(-(2**70), 2**70)
@@ -241,8 +194,6 @@ def near_valid_messages(draw: st.DrawFn) -> object:
 def deep_messages(draw: st.DrawFn) -> bytes:
     """A valid request whose ``cursor`` nests ``depth`` arrays or objects (orjson writes 254, reads 1024)."""
     depth = draw(st.integers(1, 1100) | st.sampled_from([253, 254, 255, 256, 1023, 1024, 1025]))
-    if "deep-nesting-500" in KNOWN_BUGS:
-        depth = min(depth, SAFE_DEPTH)
     method = draw(st.sampled_from(["tools/list", "tools/call"]))
     opener, closer = (b"[", b"]") if draw(st.booleans()) else (b'{"k":', b"}")
     marker = "deep-marker"
@@ -309,10 +260,6 @@ def headers_for(body: bytes) -> dict[str, str]:
 @example(body=b'{"jsonrpc":"2.0","id":"\\ud800","method":"tools/list"}', drop=set())
 @example(body=b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"cursor":1e400}}', drop=set())
 def test_parse_request_returns_a_parsed_request_or_raises_a_gateway_error(body: bytes, drop: set[str]) -> None:
-    if "deep-nesting-500" in KNOWN_BUGS:
-        assume(nesting(body) <= SAFE_DEPTH)
-    if "non-utf8-body-accepted" in KNOWN_BUGS:
-        assume(not stdlib_reads_as_non_utf8(body))
     headers = CIMultiDict(headers_for(body))
     for name in drop:
         headers.pop(name, None)
@@ -325,19 +272,9 @@ def test_parse_request_returns_a_parsed_request_or_raises_a_gateway_error(body: 
     assert isinstance(parsed, ParsedRequest)
     assert parsed.kind in ("request", "notification", "response")
     if parsed.cache_bypass is None:  # a cacheable request is one the gateway fully validated
-        assert parsed.kind == "request" and parsed.era == "modern" and parsed.method in (*CACHEABLE, "resources/read")
+        assert parsed.kind == "request" and parsed.era == "modern" and parsed.method in CACHEABLE
 
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=8)
-)
-json_values = st.recursive(
-    json_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
-)
 envelope_members = st.fixed_dictionaries(
     {},
     optional={
@@ -425,42 +362,6 @@ def test_decode_header_value_never_raises(raw: str) -> None:
         assert decoded == raw and all(" " <= ch <= "~" or ch == "\t" for ch in raw)
 
 
-def whatwg_events(raw: bytes, *, at_eof: bool = True) -> list[bytes]:
-    """Reference SSE parser (WHATWG HTML "event stream interpretation"), data payloads only.
-
-    Lines end at CRLF, LF or CR; a leading BOM is dropped; at EOF an event without its blank line
-    is discarded, but a CR that ends the input still ends its line.
-    """
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    events: list[bytes] = []
-    data: list[bytes] = []
-    i, n = 0, len(raw)
-    while i < n:
-        j = i
-        while j < n and raw[j] not in b"\r\n":
-            j += 1
-        if j == n:
-            break  # an unterminated last line is discarded
-        if raw[j] == 13 and j + 1 == n and not at_eof:
-            break  # a CR at the end of a chunk may be the start of CRLF
-        line = raw[i:j]
-        i = j + 2 if raw[j : j + 2] == b"\r\n" else j + 1
-        if not line:
-            if data:
-                events.append(b"\n".join(data))
-            data = []
-            continue
-        if line.startswith(b":"):
-            continue
-        name, colon, value = line.partition(b":")
-        if colon and value.startswith(b" "):
-            value = value[1:]
-        if name == b"data":
-            data.append(value)
-    return events
-
-
 sse_lines = st.lists(
     st.one_of(
         st.binary(max_size=30).filter(lambda b: b"\r" not in b and b"\n" not in b),
@@ -492,52 +393,31 @@ def test_sse_parser_events_do_not_depend_on_chunk_boundaries(
         last = cut
     assert chunked == whole
     # The events seen before EOF are the reference's, minus one a final lone CR would complete.
-    assert whole == whatwg_events(stream, at_eof=False)
+    assert whole == sse_events(stream, at_eof=False)
 
 
 # -- 2. the HTTP route, one app per test ---------------------------------------------------------------------------
 
-Plan = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class Recorded:
-    raw_headers: list[tuple[bytes, bytes]]
-    body: bytes
-
-
-class EchoUpstream:
-    """Answers a request with a result that echoes its method, params (without ``_meta``) and
-    clientCapabilities (public and cacheable for the cacheable methods), notifications and client
-    responses with 202. ``plan`` overrides the answer (the SSE fuzz sets one per example)."""
-
-    def __init__(self) -> None:
-        self.requests: list[Recorded] = []
-        self.plan: Plan | None = None
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.requests.append(Recorded(list(request.raw_headers), body))
-        try:
-            msg = json.loads(body)
-        except (ValueError, RecursionError):
-            return web.Response(status=400)
-        if not isinstance(msg, dict) or "id" not in msg or "method" not in msg:
-            return web.Response(status=202)
-        if self.plan is not None:
-            return await self.plan(request, msg)
-        params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
-        meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
-        result = {
-            "method": msg["method"],
-            "echo": {k: v for k, v in params.items() if k != "_meta"},
-            "caps": meta.get(CLIENT_CAPABILITIES_KEY),
-            "resultType": "complete",
-            "cacheScope": "public",
-            "ttlMs": 600_000,
-        }
-        answer = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}, separators=(",", ":"))
-        return web.Response(body=answer.encode(), content_type="application/json")
+async def echo(request: web.Request, msg: Any) -> web.StreamResponse:
+    """The upstream's answer to a request: a result that echoes its method, params (without
+    ``_meta``) and clientCapabilities (public and cacheable for the cacheable methods); 202 for
+    notifications and client responses, 400 for a body that is not JSON."""
+    if msg is None:
+        return web.Response(status=400)
+    if not isinstance(msg, dict) or "id" not in msg or "method" not in msg:
+        return web.Response(status=202)
+    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    result = {
+        "method": msg["method"],
+        "echo": {k: v for k, v in params.items() if k != "_meta"},
+        "caps": meta.get(CLIENT_CAPABILITIES_KEY),
+        "resultType": "complete",
+        "cacheScope": "public",
+        "ttlMs": 600_000,
+    }
+    answer = json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}, separators=(",", ":"))
+    return web.Response(body=answer.encode(), content_type="application/json")
 
 
 @dataclass
@@ -545,20 +425,18 @@ class Env:
     client: TestClient[Any, Any]
     server: TestServer
     app: web.Application
-    upstream: EchoUpstream
-    checked: dict[str, int] = field(default_factory=dict)
+    upstream: FakeUpstream
 
 
 @pytest.fixture
-async def env(aiohttp_server: Any, aiohttp_client: Any) -> Env:
-    upstream = EchoUpstream()
-    up_app = web.Application()
-    up_app.router.add_route("*", "/mcp", upstream.handle)
-    up_server: TestServer = await aiohttp_server(up_app)
+async def env(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Env:
+    """One gateway in front of one upstream answering with :func:`echo`, for every example of a test
+    (a test that scripts other answers sets ``upstream.answer`` and puts :func:`echo` back)."""
+    upstream = await start_upstream(echo)
     cfg = {
         "listener": {"max_body_bytes": MAX_BODY},
         "registry": {"enabled": False},  # the properties look at every request the upstream sees
-        "upstreams": {"up": {"url": str(up_server.make_url("/mcp"))}},
+        "upstreams": {"up": {"url": upstream.url}},
     }
     server: TestServer = await aiohttp_server(create_app(parse_config(cfg, env={})))
     client = await aiohttp_client(server)
@@ -577,10 +455,6 @@ async def env(aiohttp_server: Any, aiohttp_client: Any) -> Env:
 @example(body=jdump(rpc("tools/list", cursor=True)), keep_headers=True)  # must not hit the entry for 1
 @example(body=b'{"jsonrpc":"2.0","id":1,"result":{}}', keep_headers=True)
 async def test_any_body_gets_a_forward_or_a_jsonrpc_error(env: Env, body: bytes, keep_headers: bool) -> None:
-    if "deep-nesting-500" in KNOWN_BUGS:
-        assume(nesting(body) <= SAFE_DEPTH)
-    if "non-utf8-body-accepted" in KNOWN_BUGS:
-        assume(not stdlib_reads_as_non_utf8(body))
     headers = headers_for(body) if keep_headers else {"Content-Type": "application/json"}
     before = len(env.upstream.requests)
 
@@ -709,7 +583,6 @@ class HeaderCase:
     method: str
     name: str | None
     lines: tuple[tuple[bytes, bytes], ...]
-    non_utf8: bool
 
 
 @st.composite
@@ -747,17 +620,7 @@ def header_cases(draw: st.DrawFn) -> HeaderCase:
     if draw(st.integers(0, 5)) == 0:
         lines.append((spell(b"Authorization"), b"Bearer " + draw(visible)))
     order = draw(st.permutations(range(len(lines))))
-    ordered = tuple(lines[i] for i in order)
-    non_utf8 = any(_not_utf8(v) for _, v in ordered)
-    return HeaderCase(method, name, ordered, non_utf8)
-
-
-def _not_utf8(value: bytes) -> bool:
-    try:
-        value.decode()
-    except UnicodeDecodeError:
-        return True
-    return False
+    return HeaderCase(method, name, tuple(lines[i] for i in order))
 
 
 #: Request headers the gateway passes upstream (README "What the gateway does to a request").
@@ -778,12 +641,9 @@ FORWARDED_HEADERS = frozenset(
 )
 
 
-def expected_outcome(case: HeaderCase, *, first_value_wins: bool) -> int:
-    """200 (forwarded) or -32020 by an independent reading of the header rules (digest §2, §7).
-
-    With ``first_value_wins`` a header sent twice counts by its first line (what the gateway does);
-    otherwise conflicting duplicates are a mismatch.
-    """
+def expected_outcome(case: HeaderCase) -> int:
+    """200 (forwarded) or -32020 by an independent reading of the header rules (Streamable HTTP,
+    "Request metadata headers"); a header sent twice with different values is a mismatch."""
 
     def values(canonical: str) -> list[bytes]:
         return [v.strip(b" \t") for k, v in case.lines if k.lower() == canonical.lower().encode()]
@@ -792,7 +652,7 @@ def expected_outcome(case: HeaderCase, *, first_value_wins: bool) -> int:
         vals = values(canonical)
         if not vals:
             return None
-        if not first_value_wins and len(set(vals)) > 1:
+        if len(set(vals)) > 1:
             return b"\x00conflict"
         return vals[0]
 
@@ -829,7 +689,6 @@ def expected_outcome(case: HeaderCase, *, first_value_wins: bool) -> int:
         "tools/call",
         "add",
         ((b"MCP-Protocol-Version", V.encode()), (b"Mcp-Method", b"tools/call"), (b"Mcp-Name", b"=?base64?YWRk?=")),
-        False,
     )
 )
 @example(
@@ -841,7 +700,6 @@ def expected_outcome(case: HeaderCase, *, first_value_wins: bool) -> int:
             (b"Mcp-Method", b"resources/read"),
             (b"Mcp-Name", "res://café".encode()),
         ),
-        False,
     )
 )
 async def test_any_request_headers_get_a_forward_or_a_jsonrpc_error(env: Env, case: HeaderCase) -> None:
@@ -855,10 +713,7 @@ async def test_any_request_headers_get_a_forward_or_a_jsonrpc_error(env: Env, ca
 
     outcome = -32020 if status == 400 else status
     event(f"HTTP {status}")
-    allowed = {expected_outcome(case, first_value_wins=False)}
-    if "duplicate-header-first-value-wins" in KNOWN_BUGS:
-        allowed.add(expected_outcome(case, first_value_wins=True))
-    assert outcome in allowed, (status, raw, case)
+    assert outcome == expected_outcome(case), (status, raw, case)
     if status == 400:
         assert check_error_body(400, raw, "h-1")["error"]["code"] == -32020
         assert len(env.upstream.requests) == before
@@ -868,12 +723,7 @@ async def test_any_request_headers_get_a_forward_or_a_jsonrpc_error(env: Env, ca
     assert seen.body == body
     sent = {(k.lower(), v.strip(b" \t")) for k, v in case.lines if k.lower().startswith(b"mcp")}
     got = {(k.lower(), v) for k, v in seen.raw_headers if k.lower().startswith(b"mcp")}
-    conflicting = len({k for k, _ in sent}) < len(sent)  # one name, several values
-    tolerated = (case.non_utf8 and "header-non-utf8-value-altered" in KNOWN_BUGS) or (
-        conflicting and "duplicate-header-first-value-wins" in KNOWN_BUGS
-    )
-    if not tolerated:
-        assert got == sent, "a forwarded request-metadata header was altered"
+    assert got == sent, "a forwarded request-metadata header was altered"
     assert not any(k.lower() == b"authorization" for k, _ in seen.raw_headers)
 
 
@@ -898,9 +748,7 @@ def progress(n: int) -> dict[str, Any]:
 def response_for(request_id: object, kind: str) -> dict[str, Any]:
     if kind == "error":
         return {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": "no"}}
-    scope = "private" if kind == "private" else "public"
-    result = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}], "resultType": "complete"}
-    return {"jsonrpc": "2.0", "id": request_id, "result": {**result, "cacheScope": scope, "ttlMs": 600_000}}
+    return list_result(request_id, "private" if kind == "private" else "public", ttl_ms=600_000)
 
 
 sse_plans = st.builds(
@@ -923,7 +771,7 @@ sse_plans = st.builds(
     ).map(tuple),
     endings=st.lists(st.sampled_from([b"\n", b"\r\n", b"\r"]), min_size=1, max_size=3).map(tuple),
     space_after_colon=st.booleans(),
-    bom=st.just(False) if "sse-bom-hides-first-event" in KNOWN_BUGS else st.booleans(),
+    bom=st.booleans(),
     truncate_at=st.none() | st.integers(0, 600),
     cuts=st.lists(st.integers(0, 600), max_size=5).map(tuple),
     pause=st.booleans(),
@@ -984,10 +832,6 @@ async def test_any_sse_framing_is_relayed_unchanged_and_ends_with_one_response(
 ) -> None:
     request_id = 41
     stream = render(plan, request_id)
-    # Known gaps, each pinned by an xfail test below: a lone CR that ends the stream (made a CRLF
-    # here), and a leading BOM (not generated, see sse_plans).
-    if "sse-final-event-ended-by-cr-at-eof" in KNOWN_BUGS and stream.endswith(b"\r"):
-        stream += b"\n"
 
     async def answer(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -1001,7 +845,7 @@ async def test_any_sse_framing_is_relayed_unchanged_and_ends_with_one_response(
             last = cut
         return resp
 
-    env.upstream.plan = answer
+    env.upstream.answer = answer
     method, params = ("tools/list", {"cursor": uuid.uuid4().hex}) if cacheable else ("tools/call", {"name": "t"})
     headers = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": V, "Mcp-Method": method}
     if not cacheable:
@@ -1017,12 +861,12 @@ async def test_any_sse_framing_is_relayed_unchanged_and_ends_with_one_response(
     try:
         status, ctype, raw = await asyncio.wait_for(send(), REQUEST_TIMEOUT_S)
     finally:
-        env.upstream.plan = None
+        env.upstream.answer = echo
     assert status == 200 and ctype == "text/event-stream"
     # The upstream's bytes come first, unchanged.
     assert raw.startswith(stream)
     tail = raw[len(stream) :]
-    final = first_response(whatwg_events(stream), request_id)
+    final = first_response(sse_events(stream), request_id)
     event("upstream answered" if final is not None else "gateway ended the stream")
     if final is not None:
         assert tail == b"", "the gateway added to a stream that had answered"
@@ -1035,23 +879,20 @@ async def test_any_sse_framing_is_relayed_unchanged_and_ends_with_one_response(
     # else a JSON-RPC error event follows.
     assert len(env.app[STORE]) == stored_before
     assert tail.startswith(b"\n\n") and tail.endswith(b"\n\n"), tail
-    completed = first_response(whatwg_events(stream + b"\n\n"), request_id)
+    completed = first_response(sse_events(stream + b"\n\n"), request_id)
     if completed is not None:
         assert tail == b"\n\n", tail
-        seen = [m for m in whatwg_events(raw) if first_response([m], request_id) is not None]
+        seen = [m for m in sse_events(raw) if first_response([m], request_id) is not None]
         assert len(seen) == 1 and json.loads(seen[0]) == completed, raw
         return
-    error = first_response(whatwg_events(tail), request_id)
+    error = first_response(sse_events(tail), request_id)
     assert error is not None and error["error"]["code"] == -32603
-    # At an event boundary an appended event is read intact; inside one it is glued to the rest.
-    clean_boundary = whatwg_events(stream + b"data: {}\n\n") == [*whatwg_events(stream), b"{}"]
-    if clean_boundary or "sse-error-glued-to-partial-event" not in KNOWN_BUGS:
-        # What the caller's own SSE parser makes of the whole body: exactly one response, the error.
-        seen = [m for m in whatwg_events(raw) if first_response([m], request_id) is not None]
-        assert len(seen) == 1 and json.loads(seen[0])["error"]["code"] == -32603, raw
+    # What the caller's own SSE parser makes of the whole body: exactly one response, the error.
+    seen = [m for m in sse_events(raw) if first_response([m], request_id) is not None]
+    assert len(seen) == 1 and json.loads(seen[0])["error"]["code"] == -32603, raw
 
 
-# -- 3. known gateway bugs, pinned -------------------------------------------------------------------------------------
+# -- 3. past gateway bugs, pinned --------------------------------------------------------------------------------------
 
 
 async def sse_through_gateway(env: Env, stream: bytes, request_id: int = 7) -> bytes:
@@ -1061,7 +902,7 @@ async def sse_through_gateway(env: Env, stream: bytes, request_id: int = 7) -> b
         await resp.write(stream)
         return resp
 
-    env.upstream.plan = answer
+    env.upstream.answer = answer
     headers = {
         "Content-Type": "application/json",
         "Accept": ACCEPT,
@@ -1074,7 +915,7 @@ async def sse_through_gateway(env: Env, stream: bytes, request_id: int = 7) -> b
         ) as resp:
             return await asyncio.wait_for(resp.read(), REQUEST_TIMEOUT_S)
     finally:
-        env.upstream.plan = None
+        env.upstream.answer = echo
 
 
 async def test_sse_final_event_ended_by_a_lone_cr_at_eof_is_seen(env: Env) -> None:
@@ -1086,7 +927,7 @@ async def test_sse_final_event_ended_by_a_lone_cr_at_eof_is_seen(env: Env) -> No
 
 async def test_error_after_a_stream_cut_mid_event_is_readable_by_the_caller(env: Env) -> None:
     raw = await sse_through_gateway(env, b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/progress"}\n')
-    responses = [m for m in whatwg_events(raw) if first_response([m], 7) is not None]
+    responses = [m for m in sse_events(raw) if first_response([m], 7) is not None]
     assert len(responses) == 1 and json.loads(responses[0])["error"]["code"] == -32603
 
 
@@ -1149,7 +990,7 @@ async def test_numbers_beyond_float_range_do_not_share_a_cache_entry_with_null(e
         answer = {"jsonrpc": "2.0", "id": msg["id"], "result": {**result, "cacheScope": "public", "ttlMs": 600_000}}
         return web.json_response(answer)
 
-    env.upstream.plan = echo_cursor_text
+    env.upstream.answer = echo_cursor_text
     headers = {"Content-Type": "application/json", "MCP-Protocol-Version": V, "Mcp-Method": "tools/list"}
     seen: list[tuple[str, str]] = []
     for cursor in (b"1e400", b"null"):

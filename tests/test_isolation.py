@@ -2,17 +2,17 @@
 
 * Answers an upstream marks ``cacheScope:"private"`` never reach another caller, whatever the
   interleaving of callers, upstream delays, SSE or JSON answers, and callers that give up half way
-  (hypothesis over random sets of concurrent callers; digest §5 "private", gotcha 10).
+  (hypothesis over random sets of concurrent callers; MCP caching utility, ``cacheScope``).
 * A ``public`` answer is shared: one upstream request for any number of concurrent callers.
-* Entries of one upstream never answer a request to another (gotcha 14), even when both names
+* Entries of one upstream never answer a request to another, even when both names
   point at the same URL and differ only in their configured headers.
 * A caller's ``Authorization`` never reaches an upstream that is not configured to receive it, on
   any path: forwarded POSTs, SSE answers, notifications, legacy GET/DELETE, listen streams
-  (digest §10 "no token passthrough", gotcha 16), checked at scripted upstreams and at real SDK ones.
+  (MCP Security Best Practices, "Token Passthrough"), checked at scripted upstreams and at real SDK ones.
 
-The scripted upstreams follow tests/test_proxy.py's ``make_env`` pattern; they echo the caller's
-identity (its ``Authorization``, or its ``clientCapabilities``) inside the result, so a leak shows
-up as a foreign identity in an answer.
+The scripted upstreams are tests/support's ``FakeUpstream`` answering with :func:`echo_identity`:
+the caller's identity (its ``Authorization``, or its ``clientCapabilities``) inside the result, so
+a leak shows up as a foreign identity in an answer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,20 +28,28 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
-from gateway.protocol import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
 
-from .conftest import StartGateway
-from .fleet import Upstream, add_tool, fetch_requests, reset_counts, run_server
+from .support import (
+    ACCEPT,
+    CLIENT_CAPABILITIES_KEY,
+    LEGACY_V,
+    FakeUpstream,
+    Handler,
+    StartGateway,
+    StartUpstream,
+    mcp_headers,
+    rpc,
+    sse_frame,
+    sse_messages,
+)
+from .support.fleet import Upstream, add_tool, fetch_requests, reset_counts
 
-V = "2026-07-28"
-LEGACY_V = "2025-11-25"
-ACCEPT = "application/json, text/event-stream"
 GATEWAY_TOKEN = "gateway-token-0123456789"
 #: ``_meta`` keys the scripted upstream reads to shape its answer (``_meta`` is not part of the cache key).
 DELAY_KEY = "com.example.test/delayMs"
@@ -57,33 +65,7 @@ PROPERTY_SETTINGS = settings(
 )
 
 
-# -- requests ------------------------------------------------------------------------------------------
-
-
-def rpc(
-    method: str, id_: object = 1, caps: object = None, meta: dict[str, Any] | None = None, **params: Any
-) -> dict[str, Any]:
-    m = {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: {} if caps is None else caps, **(meta or {})}
-    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": {"_meta": m, **params}}
-
-
-def mcp_headers(method: str, name: str | None = None, **extra: str) -> dict[str, str]:
-    h = {"Content-Type": "application/json", "Accept": ACCEPT, "MCP-Protocol-Version": V, "Mcp-Method": method}
-    if name is not None:
-        h["Mcp-Name"] = name
-    h.update(extra)
-    return h
-
-
-def sse_messages(raw: bytes) -> list[dict[str, Any]]:
-    """The JSON messages of the complete events in an SSE body (any line ending)."""
-    text = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-    out: list[dict[str, Any]] = []
-    for block in text.split(b"\n\n")[:-1]:
-        data = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-        if data:
-            out.append(json.loads(b"\n".join(data)))
-    return out
+# -- reading answers--------------------------------------------------------------------------------------
 
 
 def final_message(content_type: str, raw: bytes) -> dict[str, Any]:
@@ -109,53 +91,30 @@ def identity_of(request: web.Request, msg: dict[str, Any]) -> str:
     return "caps:" + json.dumps(meta.get(CLIENT_CAPABILITIES_KEY), sort_keys=True)
 
 
-def sse_frame(msg: object) -> bytes:
-    return b"event: message\ndata: " + orjson.dumps(msg) + b"\n\n"
+def echo_identity(name: str, scopes: dict[str, str]) -> Handler:
+    """An upstream answer that puts the caller's identity inside every cacheable list's result.
 
-
-class EchoUpstream:
-    """Answers every cacheable list with the caller's identity inside the result.
-
-    ``scopes`` maps a method to the ``cacheScope`` of its answers. Each request may ask, in
-    ``_meta``, for a delay (``DELAY_KEY``, ms) and an SSE answer (``MODE_KEY: "sse"``).
-    Every request is recorded as (HTTP method, body, headers).
+    ``scopes`` maps a method to the ``cacheScope`` of its answers (else private). Each request may
+    ask, in ``_meta``, for a delay (``DELAY_KEY``, ms) and an SSE answer (``MODE_KEY: "sse"``).
+    A GET or DELETE gets 405, a notification 202.
     """
 
-    def __init__(self, name: str, scopes: dict[str, str]) -> None:
-        self.name = name
-        self.scopes = scopes
-        self.requests: list[tuple[str, bytes, dict[str, str]]] = []
-
-    def count(self, method: str, marker: str | None = None) -> int:
-        n = 0
-        for _, body, _ in self.requests:
-            try:
-                msg = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(msg, dict) and msg.get("method") == method and (marker is None or marker.encode() in body):
-                n += 1
-        return n
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.requests.append((request.method, body, dict(request.headers)))
+    async def echo(request: web.Request, msg: Any) -> web.StreamResponse:
         if request.method != "POST":
             return web.Response(status=405, headers={"Allow": "POST"})
-        msg = orjson.loads(body)
         if "id" not in msg:
             return web.Response(status=202)
         meta = msg.get("params", {}).get("_meta", {})
         await asyncio.sleep(meta.get(DELAY_KEY, 0) / 1000)
         method = msg["method"]
         if method == "subscriptions/listen":
-            return await self._listen(request, msg)
+            return await listen(request, msg)
         result: dict[str, Any] = {
             "identity": identity_of(request, msg),
-            "upstream": self.name,
+            "upstream": name,
             "tools": [],
             "resultType": "complete",
-            "cacheScope": self.scopes.get(method, "private"),
+            "cacheScope": scopes.get(method, "private"),
             "ttlMs": 60_000,
         }
         answer = {"jsonrpc": "2.0", "id": msg["id"], "result": result}
@@ -168,18 +127,22 @@ class EchoUpstream:
         await resp.write(sse_frame(answer))
         return resp
 
-    async def _listen(self, request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        ack = {
-            "jsonrpc": "2.0",
-            "method": "notifications/subscriptions/acknowledged",
-            "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": msg["id"]}, "notifications": {}},
-        }
-        await resp.write(sse_frame(ack))
-        done = {"jsonrpc": "2.0", "id": msg["id"], "result": {"resultType": "complete"}}
-        await resp.write(sse_frame(done))
-        return resp
+    return echo
+
+
+async def listen(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
+    """A listen stream: the acknowledgement, then at once the final response."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    ack = {
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {"_meta": {"io.modelcontextprotocol/subscriptionId": msg["id"]}, "notifications": {}},
+    }
+    await resp.write(sse_frame(ack))
+    done = {"jsonrpc": "2.0", "id": msg["id"], "result": {"resultType": "complete"}}
+    await resp.write(sse_frame(done))
+    return resp
 
 
 @dataclass
@@ -188,7 +151,7 @@ class Env:
 
     client: TestClient[Any, Any]
     app: web.Application
-    upstreams: dict[str, EchoUpstream] = field(default_factory=dict)
+    upstreams: dict[str, FakeUpstream] = field(default_factory=dict)
 
     async def post(
         self, msg: dict[str, Any], *, name: str = "up", headers: dict[str, str] | None = None
@@ -204,28 +167,22 @@ MakeEnv = Callable[..., Awaitable[Env]]
 
 
 @pytest.fixture
-async def make_env(aiohttp_server: Any, aiohttp_client: Any) -> MakeEnv:
+async def make_env(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> MakeEnv:
     """``await make_env({"up": (scopes, upstream_opts)}, **gateway_config)``: one scripted upstream per
     name; several names may share one upstream with ``(..., {"same_as": "other"})``."""
 
     async def make(upstreams: dict[str, tuple[dict[str, str], dict[str, Any]]] | None = None, **config: Any) -> Env:
         upstreams = upstreams if upstreams is not None else {"up": ({}, {})}
-        scripted: dict[str, EchoUpstream] = {}
-        urls: dict[str, str] = {}
+        scripted: dict[str, FakeUpstream] = {}
         cfg_ups: dict[str, Any] = {}
         for name, (scopes, opts) in upstreams.items():
             opts = dict(opts)
             same_as = opts.pop("same_as", None)
             if same_as is not None:
                 scripted[name] = scripted[same_as]
-                urls[name] = urls[same_as]
             else:
-                scripted[name] = EchoUpstream(name, scopes)
-                up_app = web.Application()
-                up_app.router.add_route("*", "/mcp", scripted[name].handle)
-                server: TestServer = await aiohttp_server(up_app)
-                urls[name] = str(server.make_url("/mcp"))
-            cfg_ups[name] = {"url": urls[name], **opts}
+                scripted[name] = await start_upstream(echo_identity(name, scopes))
+            cfg_ups[name] = {"url": scripted[name].url, **opts}
         # Registry probes are off unless a test asks: these tests count what the upstreams see.
         app = create_app(parse_config({"registry": {"enabled": False}, "upstreams": cfg_ups, **config}, env={}))
         client = await aiohttp_client(await aiohttp_server(app))
@@ -427,10 +384,10 @@ async def test_entries_of_one_upstream_never_answer_a_request_to_another(
             server = twin_env.upstreams[name]
             sent = sum(
                 1
-                for _, body, headers in server.requests
-                if cursor.encode() in body
-                and orjson.loads(body)["method"] == method
-                and (name not in expected_identity_of or headers.get("Authorization") == f"Bearer tenant-{name}")
+                for r in server.requests
+                if cursor.encode() in r.body
+                and r.method == method
+                and (name not in expected_identity_of or r.headers.get("Authorization") == f"Bearer tenant-{name}")
             )
             assert sent == (1 if used else 0), (name, method)
 
@@ -465,10 +422,8 @@ async def every_path(env: Env, name: str, extra: dict[str, str]) -> None:
             assert resp.status == 405
 
 
-def credentials_seen(upstream: EchoUpstream) -> list[tuple[str, str]]:
-    return [
-        (k, v) for _, _, headers in upstream.requests for k, v in headers.items() if k.lower() in CREDENTIAL_HEADERS
-    ]
+def credentials_seen(upstream: FakeUpstream) -> list[tuple[str, str]]:
+    return [(k, v) for r in upstream.requests for k, v in r.headers.items() if k.lower() in CREDENTIAL_HEADERS]
 
 
 async def test_caller_authorization_reaches_only_upstreams_configured_to_receive_it_on_every_path(
@@ -485,7 +440,7 @@ async def test_caller_authorization_reaches_only_upstreams_configured_to_receive
     assert credentials_seen(closed) == []
     # The positive control: the same traffic carries the caller's token where it is configured.
     assert {v for k, v in credentials_seen(opened) if k.lower() == "authorization"} == {CALLER_AUTH}
-    assert all(h.get("Authorization") == CALLER_AUTH for _, _, h in opened.requests)
+    assert all(r.headers.get("Authorization") == CALLER_AUTH for r in opened.requests)
     assert not any(k.lower() in ("proxy-authorization", "cookie") for k, _ in credentials_seen(opened))
 
 
@@ -551,32 +506,8 @@ async def closed_env(make_env: MakeEnv) -> Env:
 # -- 4. the same, against real SDK upstreams (raw request records at /_requests) --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def sdk_public() -> Any:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def sdk_changing() -> Any:
-    with run_server("changing_upstream") as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def sdk_private() -> Any:
-    with run_server("private_upstream") as up:
-        yield up
-
-
 def body(method: str, id_: object, **params: Any) -> bytes:
     return orjson.dumps(rpc(method, id_=id_, **params))
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        yield session
 
 
 async def sdk_every_path(http: aiohttp.ClientSession, url: str, listen_url: str, auth: str) -> None:
@@ -642,18 +573,18 @@ def record_credentials(records: list[Any]) -> list[tuple[str, str, str | None]]:
 
 
 async def test_sdk_upstreams_never_see_the_callers_authorization_on_any_path(
-    start_gateway: StartGateway, http: aiohttp.ClientSession, sdk_public: Upstream, sdk_changing: Upstream
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, changing_up: Upstream
 ) -> None:
-    await reset_counts(sdk_public)
-    await reset_counts(sdk_changing)
+    await reset_counts(public_up)
+    await reset_counts(changing_up)
     closed = {"X-Gateway-Route": "closed"}
     gw = await start_gateway(
         {
             "upstreams": {
-                "pub": {"url": sdk_public.url, "headers": closed},
-                "chg": {"url": sdk_changing.url, "headers": closed},
+                "pub": {"url": public_up.url, "headers": closed},
+                "chg": {"url": changing_up.url, "headers": closed},
                 "pub-open": {
-                    "url": sdk_public.url,
+                    "url": public_up.url,
                     "forward_authorization": True,
                     "headers": {"X-Gateway-Route": "open"},
                 },
@@ -663,7 +594,7 @@ async def test_sdk_upstreams_never_see_the_callers_authorization_on_any_path(
     await sdk_every_path(http, gw.url("pub"), gw.url("chg"), CALLER_AUTH)
     await sdk_every_path(http, gw.url("pub-open"), gw.url("chg"), CALLER_AUTH)
 
-    records = await fetch_requests(sdk_public) + await fetch_requests(sdk_changing)
+    records = await fetch_requests(public_up) + await fetch_requests(changing_up)
     routes = [r.header("x-gateway-route") for r in records]
     assert routes.count("closed") >= 8 and routes.count("open") >= 7  # every kind got there (a hit did not)
     assert {r.http_method for r in records} >= {"POST", "GET", "DELETE"}
@@ -676,10 +607,10 @@ async def test_sdk_upstreams_never_see_the_callers_authorization_on_any_path(
 
 
 async def test_sdk_private_answers_are_fetched_for_every_caller(
-    start_gateway: StartGateway, http: aiohttp.ClientSession, sdk_private: Upstream
+    start_gateway: StartGateway, http: aiohttp.ClientSession, private_up: Upstream
 ) -> None:
-    await reset_counts(sdk_private)
-    gw = await start_gateway({"upstreams": {"priv": {"url": sdk_private.url, "forward_authorization": True}}})
+    await reset_counts(private_up)
+    gw = await start_gateway({"upstreams": {"priv": {"url": private_up.url, "forward_authorization": True}}})
 
     async def call(i: int) -> str:
         headers = mcp_headers("tools/list", Authorization=f"Bearer caller-{i % 3}")
@@ -690,7 +621,7 @@ async def test_sdk_private_answers_are_fetched_for_every_caller(
 
     statuses = await asyncio.gather(*(call(i) for i in range(12)))
     assert not any("hit" in s for s in statuses)
-    records = [r for r in await fetch_requests(sdk_private) if r.method == "tools/list"]
+    records = [r for r in await fetch_requests(private_up) if r.method == "tools/list"]
     assert len(records) == 12
     assert sorted(r.header("authorization") or "" for r in records) == sorted(
         f"Bearer caller-{i % 3}" for i in range(12)
@@ -702,12 +633,11 @@ async def test_sdk_private_answers_are_fetched_for_every_caller(
 
 @pytest.mark.parametrize("concurrent", [False, True], ids=["after-store", "coalesced"])
 async def test_public_entry_is_not_served_to_a_caller_the_upstream_would_refuse(
-    aiohttp_server: Any, aiohttp_client: Any, concurrent: bool
+    aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream, concurrent: bool
 ) -> None:
     seen: list[str | None] = []
 
-    async def guarded(request: web.Request) -> web.StreamResponse:
-        msg = orjson.loads(await request.read())
+    async def guarded(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         seen.append(request.headers.get("Authorization"))
         if request.headers.get("Authorization") != "Bearer valid-token":
             return web.Response(status=401, headers={"WWW-Authenticate": 'Bearer resource_metadata="https://x"'})
@@ -720,13 +650,8 @@ async def test_public_entry_is_not_served_to_a_caller_the_upstream_would_refuse(
         }
         return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result})
 
-    up = web.Application()
-    up.router.add_post("/mcp", guarded)
-    up_server = await aiohttp_server(up)
-    cfg = {
-        "registry": {"enabled": False},
-        "upstreams": {"up": {"url": str(up_server.make_url("/mcp")), "forward_authorization": True}},
-    }
+    up = await start_upstream(guarded)
+    cfg = {"registry": {"enabled": False}, "upstreams": {"up": {"url": up.url, "forward_authorization": True}}}
     client = await aiohttp_client(await aiohttp_server(create_app(parse_config(cfg, env={}))))
 
     async def post(auth: str | None) -> int:
@@ -761,10 +686,10 @@ def own_traffic(record: Any) -> bool:
 
 
 async def test_registry_probes_and_listen_streams_never_carry_a_callers_authorization(
-    start_gateway: StartGateway, http: aiohttp.ClientSession, sdk_public: Upstream, sdk_changing: Upstream
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, changing_up: Upstream
 ) -> None:
-    await reset_counts(sdk_public)
-    await reset_counts(sdk_changing)
+    await reset_counts(public_up)
+    await reset_counts(changing_up)
     own_credential = "Bearer gateway-own-credential"
     gw = await start_gateway(
         {
@@ -776,9 +701,9 @@ async def test_registry_probes_and_listen_streams_never_carry_a_callers_authoriz
             },
             "upstreams": {
                 # Callers' tokens go to this upstream on their own requests, never on the gateway's.
-                "chg": {"url": sdk_changing.url, "forward_authorization": True},
+                "chg": {"url": changing_up.url, "forward_authorization": True},
                 # The gateway's own credential for this one: its probes carry that, and only that.
-                "pub": {"url": sdk_public.url, "headers": {"Authorization": own_credential}},
+                "pub": {"url": public_up.url, "headers": {"Authorization": own_credential}},
             },
         }
     )
@@ -799,9 +724,9 @@ async def test_registry_probes_and_listen_streams_never_carry_a_callers_authoriz
     for i in range(40):  # callers keep talking while the registry probes and listens (bounded: ~15 s)
         await caller_traffic(i)
         if i % 5 == 0:
-            await add_tool(sdk_changing)  # a list_changed notification on the gateway's listen stream
-        own_chg = [r for r in await fetch_requests(sdk_changing) if own_traffic(r)]
-        own_pub = [r for r in await fetch_requests(sdk_public) if own_traffic(r)]
+            await add_tool(changing_up)  # a list_changed notification on the gateway's listen stream
+        own_chg = [r for r in await fetch_requests(changing_up) if own_traffic(r)]
+        own_pub = [r for r in await fetch_requests(public_up) if own_traffic(r)]
         probes = sum(r.method == "server/discover" for r in own_chg + own_pub)
         if i >= 3 and probes >= 4 and any(r.method == "subscriptions/listen" for r in own_chg):
             break
@@ -814,5 +739,5 @@ async def test_registry_probes_and_listen_streams_never_carry_a_callers_authoriz
     for record in own_pub:
         assert [(k, v) for k, v in record.headers if k in CREDENTIAL_HEADERS] == [("authorization", own_credential)]
     # The positive control: the callers' own requests to chg did carry their tokens.
-    callers_chg = [r for r in await fetch_requests(sdk_changing) if not own_traffic(r)]
+    callers_chg = [r for r in await fetch_requests(changing_up) if not own_traffic(r)]
     assert callers_chg and all((r.header("authorization") or "").startswith(CALLER_AUTH) for r in callers_chg)

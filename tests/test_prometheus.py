@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -21,17 +20,12 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import create_app
 from gateway.config import parse_config
-from gateway.protocol import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+
+from .support import StartUpstream, list_result, mcp_headers, rpc
+from .support.fleet import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "deploy" / "prometheus"
-V = "2026-07-28"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -68,17 +62,6 @@ def tmp_dir(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
 
 
-async def upstream_app() -> web.Application:
-    async def handle(request: web.Request) -> web.Response:
-        msg = orjson.loads(await request.read())
-        result = {"tools": [], "resultType": "complete", "cacheScope": "public", "ttlMs": 600_000}
-        return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result})
-
-    app = web.Application()
-    app.router.add_post("/mcp", handle)
-    return app
-
-
 async def query(session: aiohttp.ClientSession, port: int, promql: str) -> float | None:
     try:
         async with session.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": promql}) as resp:
@@ -92,10 +75,14 @@ async def query(session: aiohttp.ClientSession, port: int, promql: str) -> float
 
 
 @pytest.mark.timeout(90)
-async def test_prometheus_reads_back_the_hits_and_misses_driven(prometheus_bin: str, tmp_dir: Path) -> None:
-    upstream = TestServer(await upstream_app(), host="127.0.0.1")
-    await upstream.start_server()
-    config = parse_config({"upstreams": {"fleet": {"url": str(upstream.make_url("/mcp"))}}}, env={})
+async def test_prometheus_reads_back_the_hits_and_misses_driven(
+    prometheus_bin: str, tmp_dir: Path, start_upstream: StartUpstream
+) -> None:
+    async def answer(request: web.Request, msg: dict[str, Any]) -> web.Response:
+        return web.json_response(list_result(msg["id"], ttl_ms=600_000))
+
+    upstream = await start_upstream(answer)
+    config = parse_config({"upstreams": {"fleet": {"url": upstream.url}}}, env={})
     gateway = TestServer(create_app(config), host="127.0.0.1")
     await gateway.start_server()
     assert gateway.port is not None
@@ -105,12 +92,9 @@ async def test_prometheus_reads_back_the_hits_and_misses_driven(prometheus_bin: 
         async with aiohttp.ClientSession() as http:
             for i in range(misses + hits):
                 cursor = str(i) if i < misses else "0"  # 4 distinct keys, then 11 repeats of the first
-                meta = {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: {}}
-                body = {"jsonrpc": "2.0", "id": i, "method": "tools/list", "params": {"_meta": meta, "cursor": cursor}}
-                headers = {"Content-Type": "application/json", "MCP-Protocol-Version": V, "Mcp-Method": "tools/list"}
-                async with http.post(
-                    gateway.make_url("/servers/fleet/mcp"), data=orjson.dumps(body), headers=headers
-                ) as resp:
+                body = orjson.dumps(rpc("tools/list", i, cursor=cursor))
+                headers = mcp_headers("tools/list")
+                async with http.post(gateway.make_url("/servers/fleet/mcp"), data=body, headers=headers) as resp:
                     assert resp.status == 200
             deadline = time.monotonic() + 60
             got: tuple[float | None, float | None] = (None, None)
@@ -134,4 +118,3 @@ async def test_prometheus_reads_back_the_hits_and_misses_driven(prometheus_bin: 
         proc.terminate()
         proc.wait(10)
         await gateway.close()
-        await upstream.close()

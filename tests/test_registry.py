@@ -1,7 +1,8 @@
 """The live registry (gateway.registry): probes, era detection, versions, listen streams, routes.
 
 Pure parts (schedule, verdicts, invalidation, aggregation) are tested without I/O; the probe
-loop's schedule with a fake ``sleep``/``rng`` (no real waiting); the rest against small scripted
+loop's and the listen stream's schedules with a fake ``sleep``/``rng`` (no real waiting), and the
+listen stream's pauses in a running gateway with :class:`FakeTime`; the rest against small scripted
 aiohttp upstreams (tests/fleet_registry.py) and real servers: the official SDK's modern upstreams
 (tests/servers/public_upstream.py, changing_upstream.py) and a legacy-only one (mcp 1.30.0 in
 ``.tools/legacy-venv``, tests/servers/legacy_upstream.py). Real intervals are short (0.1-0.4 s).
@@ -25,13 +26,14 @@ from mcp import Client
 from prometheus_client import CollectorRegistry
 
 from gateway.app import REGISTRY, STORE, create_app
-from gateway.cache import CacheKey, MemoryStore, canonical_json
+from gateway.cache import CacheKey, MemoryStore, canonical_json, invalidation
 from gateway.config import ConfigError, RegistryConfig, UpstreamConfig, parse_config
-from gateway.cache import invalidation
 from gateway.registry import (
+    LISTEN_RESYNC_S,
     LIVE_META_KEY,
-    Listener,
     PROBE_JITTER,
+    RESUBSCRIBE_AFTER_GRACEFUL_S,
+    ListenStream,
     ProbeRecord,
     ProbeResult,
     RegistryState,
@@ -43,8 +45,17 @@ from gateway.registry import (
 )
 from gateway.upstream import Upstream as GatewayUpstream
 
-from .fleet import Upstream, add_tool, bump_resource, free_port, run_server
-from .fleet_registry import LEGACY_PYTHON, ScriptedMcp, V, legacy_requests, run_legacy_server, wait_until
+from .fleet_registry import (
+    LEGACY_PYTHON,
+    FakeTime,
+    RecordingSleep,
+    ScriptedMcp,
+    V,
+    legacy_requests,
+    run_legacy_server,
+    wait_until,
+)
+from .support.fleet import Upstream, add_tool, bump_resource, free_port, run_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -219,63 +230,45 @@ async def test_probe_loop_backs_off_with_jitter_while_down_then_follows_the_ttl(
         return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": scripted.discover_result()})
 
     scripted.handlers["server/discover"] = discover
-    delays: list[float] = []
-    enough = asyncio.Event()
-
-    async def fake_sleep(seconds: float) -> None:
-        delays.append(seconds)
-        if len(delays) >= 7:
-            enough.set()
-            await asyncio.Event().wait()  # park the loop until shutdown
-        await asyncio.sleep(0)
-
+    fake_sleep = RecordingSleep(park_after=7)
     settings = {**FAST, "backoff_base_s": 2, "backoff_max_s": 10, "probe_min_interval_s": 10, "listen": False}
     settings["probe_max_interval_s"] = 300
     gw = await start_gateway(
         servers, {"s": await servers.upstream(scripted)}, settings, sleep=fake_sleep, rng=lambda: 0.5
     )
-    await asyncio.wait_for(enough.wait(), 10)
+    await asyncio.wait_for(fake_sleep.enough.wait(), 10)
     # failures 1-4: steps 2, 4, 8, 10 (capped) with equal jitter at 0.5 -> 3/4 of the step
-    assert delays[:4] == [1.5, 3.0, 6.0, 7.5]
+    assert fake_sleep.delays[:4] == [1.5, 3.0, 6.0, 7.5]
     # then up: ttlMs 45 s within [10, 300], brought forward by rng * 20 %
-    assert delays[4:] == [45 * (1 - PROBE_JITTER * 0.5)] * 3
+    assert fake_sleep.delays[4:] == [45 * (1 - PROBE_JITTER * 0.5)] * 3
     assert gw.state.upstreams["s"].health == ("up", None)
 
 
 async def test_listen_refusals_back_off_exponentially_with_jitter(servers: Servers) -> None:
-    """The real listen supervisor against an upstream that refuses every listen, with a fake sleep."""
+    """The real listen stream against an upstream that refuses every listen, with a fake sleep."""
     scripted = ScriptedMcp(capabilities=LIST_CHANGED)
 
     async def refuse(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         return web.Response(status=503)
 
     scripted.handlers["subscriptions/listen"] = refuse
-    delays: list[float] = []
-    enough = asyncio.Event()
-
-    async def fake_sleep(seconds: float) -> None:
-        delays.append(seconds)
-        if len(delays) >= 5:
-            enough.set()
-            await asyncio.Event().wait()
-        await asyncio.sleep(0)
-
+    fake_sleep = RecordingSleep(park_after=5)
     settings = RegistryConfig.model_validate({**FAST, "backoff_base_s": 2, "backoff_max_s": 10})
     state = UpstreamState("s", era="modern", advertised=(V,), capabilities=LIST_CHANGED, probe_health="up")
     async with aiohttp.ClientSession() as session:
         upstream = GatewayUpstream(
             "s", UpstreamConfig.model_validate({"url": await servers.upstream(scripted)}), session
         )
-        listener = Listener(
+        stream = ListenStream(
             upstream, state, settings, purge=lambda p, r: 0, cached_uris=lambda n: (), sleep=fake_sleep, rng=lambda: 0.5
         )
-        task = asyncio.ensure_future(listener.run())
+        task = asyncio.ensure_future(stream.run())
         try:
-            await asyncio.wait_for(enough.wait(), 10)
+            await asyncio.wait_for(fake_sleep.enough.wait(), 10)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    assert delays == [1.5, 3.0, 6.0, 7.5, 7.5]
+    assert fake_sleep.delays == [1.5, 3.0, 6.0, 7.5, 7.5]
     assert scripted.count("subscriptions/listen") == 5
     assert state.listen.state == "retrying" and state.health[0] == "degraded"
 
@@ -668,11 +661,14 @@ async def test_graceful_listen_end_keeps_the_entries_and_resubscribes(
     servers: Servers, http: aiohttp.ClientSession
 ) -> None:
     scripted = ScriptedMcp(capabilities=LIST_CHANGED)
-    gw = await start_gateway(servers, {"s": await servers.upstream(scripted)}, FAST)
+    fake = FakeTime()
+    gw = await start_gateway(servers, {"s": await servers.upstream(scripted)}, FAST, sleep=fake.sleep, clock=fake)
     await wait_until(lambda: listening(gw, "s"), what="a listen stream")
     await fill_cache(http, gw, "s")
     scripted.new_listen.clear()
     scripted.listens[-1].end(graceful=True)
+    await fake.asleep(RESUBSCRIBE_AFTER_GRACEFUL_S)  # the pause before re-subscribing
+    fake.advance(RESUBSCRIBE_AFTER_GRACEFUL_S)
     await asyncio.wait_for(scripted.new_listen.wait(), 5)
     assert len(gw.keys("s")) == 3
     assert gw.state.upstreams["s"].listen.losses == 0
@@ -699,16 +695,21 @@ async def test_resource_updates_are_subscribed_for_cached_uris_without_a_gap(
     servers: Servers, http: aiohttp.ClientSession
 ) -> None:
     scripted = ScriptedMcp(capabilities={"resources": {"subscribe": True}})
-    gw = await start_gateway(servers, {"s": await servers.upstream(scripted)}, FAST)
+    fake = FakeTime()
+    gw = await start_gateway(servers, {"s": await servers.upstream(scripted)}, FAST, sleep=fake.sleep, clock=fake)
     await wait_until(lambda: probed(gw, "s"), what="a probe")
     assert scripted.listens == []  # subscribe advertised, but nothing cached to listen for yet
     await mcp(http, gw.url("s"), "resources/read", {"uri": "res://a"})
     await mcp(http, gw.url("s"), "resources/read", {"uri": "res://b"})
-    await wait_until(lambda: listening(gw, "s"), limit_s=10, what="a stream for the cached URIs")
+    await fake.asleep(LISTEN_RESYNC_S)  # until the listen stream's next look at the cache
+    fake.advance(LISTEN_RESYNC_S)
+    await wait_until(lambda: listening(gw, "s"), what="a stream for the cached URIs")
     first = scripted.listens[-1]
     assert first.filter == {"resourceSubscriptions": ["res://a", "res://b"]}
     await mcp(http, gw.url("s"), "resources/read", {"uri": "res://c"})
-    await wait_until(lambda: len(scripted.listens) >= 2 and listening(gw, "s"), limit_s=10, what="a wider stream")
+    await fake.asleep(LISTEN_RESYNC_S)
+    fake.advance(LISTEN_RESYNC_S)
+    await wait_until(lambda: len(scripted.listens) >= 2 and listening(gw, "s"), what="a wider stream")
     await asyncio.wait_for(first.closed.wait(), 5)  # the old one is closed once the new one is acknowledged
     assert scripted.listens[-1].filter == {"resourceSubscriptions": ["res://a", "res://b", "res://c"]}
     assert len(gw.keys("s")) == 3  # replacing a stream is not a loss
@@ -768,6 +769,7 @@ async def test_registry_routes_need_a_gateway_token_when_auth_is_configured(
     for path in ("/v0.1/servers", "/v0.1/servers/s/versions/latest", "/registry/versions"):
         async with http.get(gw.base + path) as resp:
             assert resp.status == 401 and resp.headers["WWW-Authenticate"].startswith("Bearer")
+            assert (await resp.json())["error"]["code"] == -32600  # the gateway's one 401, a JSON-RPC error
         assert (await get_json(http, gw.base + path, Authorization=f"Bearer {token}"))[0] == 200
 
 
@@ -915,10 +917,13 @@ async def test_a_tool_added_at_run_time_shows_in_tools_list_through_the_gateway_
 async def test_resources_updated_from_a_real_upstream_purges_the_cached_read(
     servers: Servers, http: aiohttp.ClientSession, changing_up: Upstream
 ) -> None:
-    gw = await start_gateway(servers, {"chg": changing_up.url}, FAST)
+    fake = FakeTime()
+    gw = await start_gateway(servers, {"chg": changing_up.url}, FAST, sleep=fake.sleep, clock=fake)
     await wait_until(lambda: listening(gw, "chg"), what="the gateway's listen stream")
     before = await mcp(http, gw.url("chg"), "resources/read", {"uri": "res://counter"})
     value = before["result"]["contents"][0]["text"]
+    await fake.asleep(LISTEN_RESYNC_S)  # until the listen stream's next look at the cache
+    fake.advance(LISTEN_RESYNC_S)
 
     def subscribed() -> bool:
         listen = gw.state.upstreams["chg"].listen
@@ -926,7 +931,7 @@ async def test_resources_updated_from_a_real_upstream_purges_the_cached_read(
             "resourceSubscriptions", []
         )
 
-    await wait_until(subscribed, limit_s=10, what="a listen stream subscribed to res://counter")
+    await wait_until(subscribed, what="a listen stream subscribed to res://counter")
     cached = await mcp(http, gw.url("chg"), "resources/read", {"uri": "res://counter"})
     assert cached["result"]["contents"][0]["text"] == value
     bumped = await bump_resource(changing_up)

@@ -2,7 +2,8 @@
 
 Two gateways, one on each, share a fake clock and sit in front of one deterministic upstream;
 every generated sequence of requests goes to both in the same order, so their caches hold the
-same entries, and every answer must agree in status, headers (but ``Date``) and body.
+same entries, and every answer must agree in status, headers (but ``Date``) and body. The lean
+response a hit is answered with is held to what ``web.Response`` builds.
 """
 
 from __future__ import annotations
@@ -15,23 +16,22 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 
 from gateway.app import PROXY, create_app
 from gateway.config import parse_config
 from gateway.proxy import HotProxy, Proxy
-from gateway.proxy.hot import LEAN_RESPONSES
+from gateway.proxy.hot import LEAN_RESPONSES, LeanResponse
 
-from ..conftest import FakeClock
+from ..support import ACCEPT, FakeClock, StartUpstream, V, rpc
 
-V = "2026-07-28"
 TOKEN = "t" * 24
 METHODS = ("tools/list", "prompts/list", "resources/list", "server/discover", "tools/call", "ping")
 
 
-async def deterministic_upstream(request: web.Request) -> web.Response:
+async def deterministic_upstream(request: web.Request, msg: dict[str, Any]) -> web.Response:
     """Answers from the request alone: public lists (a cursor ``private`` makes it private),
     a tool result for calls, an error for ``ping``."""
-    msg = await request.json()
     method, params = msg.get("method"), msg.get("params") or {}
     if method == "ping":
         return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32601, "message": "no"}})
@@ -43,13 +43,12 @@ async def deterministic_upstream(request: web.Request) -> web.Response:
 
 
 def request_of(method: str, id_: object, cursor: str | None, caps: dict[str, Any]) -> dict[str, Any]:
-    meta = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": caps}
-    params: dict[str, Any] = {"_meta": meta}
+    params: dict[str, Any] = {}
     if cursor is not None:
         params["cursor"] = cursor
     if method == "tools/call":
         params["name"] = "add"
-    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+    return rpc(method, id_, caps, **params)
 
 
 requests = st.fixed_dictionaries(
@@ -77,7 +76,7 @@ class Pair:
         self.clock.advance(case["advance_s"])
         msg = request_of(case["method"], case["id"], case["cursor"], case["caps"])
         body = {"json": json.dumps(msg), "garbage": '{"jsonrpc":', "batch": json.dumps([msg])}[case["body"]]
-        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        headers = {"Content-Type": "application/json", "Accept": ACCEPT}
         headers["MCP-Protocol-Version"] = V
         if case["header_method"] is not None:
             headers["Mcp-Method"] = case["method"] if case["header_method"] == "same" else case["header_method"]
@@ -96,15 +95,13 @@ class Pair:
 
 
 @pytest.fixture
-async def pair(aiohttp_server: Any, aiohttp_client: Any) -> Pair:
-    upstream = web.Application()
-    upstream.router.add_post("/mcp", deterministic_upstream)
-    up = await aiohttp_server(upstream)
+async def pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Pair:
+    up = await start_upstream(deterministic_upstream)
     config = parse_config(
         {
             "auth": {"tokens": [TOKEN]},
             "registry": {"enabled": False},
-            "upstreams": {"up": {"url": str(up.make_url("/mcp"))}},
+            "upstreams": {"up": {"url": up.url}},
         },
         env={},
     )
@@ -130,3 +127,13 @@ def test_the_app_serves_the_hot_proxy_and_the_plain_one_on_request() -> None:
 async def test_hot_and_plain_paths_answer_byte_for_byte_alike(pair: Pair, cases: list[dict[str, Any]]) -> None:
     for case in cases:
         await pair.send(case)
+
+
+def test_cache_hits_are_answered_with_the_lean_response_on_this_aiohttp() -> None:
+    """LeanResponse must build what web.Response builds; if an aiohttp release changed
+    that, hits would fall back to web.Response: this test says so first."""
+    headers = CIMultiDict({"Content-Type": "application/json", "Cache-Status": "mcp-gateway; hit; ttl=5"})
+    assert LEAN_RESPONSES
+    lean = LeanResponse(b'{"a":1}', headers.copy())
+    assert vars(lean) == vars(web.Response(body=b'{"a":1}', headers=headers))
+    assert isinstance(lean, web.Response) and lean.status == 200 and lean.body == b'{"a":1}'

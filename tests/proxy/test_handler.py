@@ -1,7 +1,7 @@
-"""The MCP route (gateway.proxy) against small scripted aiohttp upstreams.
+"""The MCP route (gateway.proxy) against a scripted aiohttp upstream (tests/support FakeUpstream).
 
-These upstreams produce what real MCP servers will not: garbage, hangs, HTML error pages,
-redirects, cut streams, wrong ids. Real SDK servers are exercised in test_e2e.py.
+Its handlers, written in each test, produce what real MCP servers will not: garbage, hangs, HTML
+error pages, redirects, cut streams, wrong ids. Real SDK servers are exercised in test_e2e.py.
 """
 
 from __future__ import annotations
@@ -17,85 +17,21 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
-from multidict import CIMultiDict
+from aiohttp.test_utils import TestClient, make_mocked_request
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.proxy import hot
-from gateway.telemetry import ACCESS_LOGGER, AccessLogHandler
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
-from gateway.telemetry import BATCH_DELAY_S
-from gateway.protocol import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY
+from gateway.telemetry import ACCESS_LOGGER, BATCH_DELAY_S, AccessLogHandler
 
-V = "2026-07-28"
+from ..support import FakeUpstream, StartUpstream, list_result, mcp_headers, rpc, sse_frame
+
 TOKEN = "gateway-token-0123456789"
 ADMIN = "admin-token-0123456789ab"
-Handler = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
-
-
-def rpc(method: str, id_: object = 1, caps: object = None, **params: Any) -> dict[str, Any]:
-    meta = {PROTOCOL_VERSION_KEY: V, CLIENT_CAPABILITIES_KEY: {} if caps is None else caps}
-    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": {"_meta": meta, **params}}
-
-
-def mcp_headers(method: str, name: str | None = None, **extra: str) -> dict[str, str]:
-    h = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": V,
-        "Mcp-Method": method,
-    }
-    if name is not None:
-        h["Mcp-Name"] = name
-    h.update(extra)
-    return h
-
-
-def list_result(msg: dict[str, Any], scope: str = "public", ttl: int = 60_000) -> dict[str, Any]:
-    return {
-        "jsonrpc": "2.0",
-        "id": msg["id"],
-        "result": {
-            "tools": [{"name": "t", "inputSchema": {"type": "object"}}],
-            "resultType": "complete",
-            "cacheScope": scope,
-            "ttlMs": ttl,
-        },
-    }
-
-
-class Scripted:
-    """An upstream whose answer per JSON-RPC method is set by the test; records every request."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, bytes, dict[str, str]]] = []
-        self.handlers: dict[str, Handler] = {}
-        self.cancelled = asyncio.Event()
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        self.requests.append((request.method, body, dict(request.headers)))
-        try:
-            msg = orjson.loads(body) if body else {}
-        except orjson.JSONDecodeError:
-            msg = {}
-        method = msg.get("method", request.method) if isinstance(msg, dict) else "batch"
-        handler = self.handlers.get(method, self.handlers.get("*"))
-        try:
-            if handler is None:
-                return web.json_response(list_result(msg))
-            return await handler(request, msg)
-        except asyncio.CancelledError:
-            self.cancelled.set()
-            raise
-
-    def count(self, method: str) -> int:
-        return sum(1 for _, body, _ in self.requests if body and orjson.loads(body).get("method") == method)
 
 
 class Env:
-    def __init__(self, client: TestClient[Any, Any], upstream: Scripted, app: web.Application) -> None:
+    def __init__(self, client: TestClient[Any, Any], upstream: FakeUpstream, app: web.Application) -> None:
         self.client = client
         self.upstream = upstream
         self.app = app
@@ -110,22 +46,21 @@ class Env:
 
 
 @pytest.fixture
-async def make_env(aiohttp_server: Any, aiohttp_client: Any) -> Callable[..., Awaitable[Env]]:
+async def make_env(
+    aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream
+) -> Callable[..., Awaitable[Env]]:
     async def make(upstream_opts: dict[str, Any] | None = None, **config: Any) -> Env:
-        scripted = Scripted()
-        up_app = web.Application()
-        up_app.router.add_route("*", "/mcp", scripted.handle)
-        up_server: TestServer = await aiohttp_server(up_app)
+        upstream = await start_upstream()
         cfg: dict[str, Any] = {
-            "upstreams": {"up": {"url": str(up_server.make_url("/mcp")), **(upstream_opts or {})}},
+            "upstreams": {"up": {"url": upstream.url, **(upstream_opts or {})}},
             # These tests count every request the upstream sees: no registry probes here
-            # (the registry has its own tests in test_registry.py).
+            # (the registry has its own tests).
             "registry": {"enabled": False},
             **config,
         }
         app = create_app(parse_config(cfg, env={}))
         client = await aiohttp_client(await aiohttp_server(app))
-        return Env(client, scripted, app)
+        return Env(client, upstream, app)
 
     return make
 
@@ -214,16 +149,6 @@ async def test_a_body_sent_in_pieces_is_read_whole_and_bounded(make_env: Any, si
         assert (await whole.json())["id"] == (await chunked.json())["id"] == 5
 
 
-def test_cache_hits_are_answered_with_the_lean_response_on_this_aiohttp() -> None:
-    """_CachedResponse must build what web.Response builds; if an aiohttp release changed
-    that, hits would fall back to web.Response: this test says so first."""
-    headers = CIMultiDict({"Content-Type": "application/json", "Cache-Status": "mcp-gateway; hit; ttl=5"})
-    assert hot.LEAN_RESPONSES
-    lean = hot.LeanResponse(b'{"a":1}', headers.copy())
-    assert vars(lean) == vars(web.Response(body=b'{"a":1}', headers=headers))
-    assert isinstance(lean, web.Response) and lean.status == 200 and lean.body == b'{"a":1}'
-
-
 # -- upstream failures --------------------------------------------------------------------------
 
 
@@ -279,7 +204,7 @@ async def test_non_jsonrpc_answers_become_502_with_the_callers_id(
     async def bad(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         return web.Response(status=status, body=payload, content_type=ctype)
 
-    env.upstream.handlers["*"] = bad
+    env.upstream.answer = bad
     resp = await env.post(rpc("tools/list", id_="x1"))
     assert await jsonrpc_error(resp) == (502, -32603, "x1")
     assert len(env.app[STORE]) == 0
@@ -300,7 +225,7 @@ async def test_redirects_are_not_followed(make_env: Any, aiohttp_server: Any) ->
     async def redirect(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         raise web.HTTPTemporaryRedirect(str(other_server.make_url("/steal")))
 
-    env.upstream.handlers["*"] = redirect
+    env.upstream.answer = redirect
     resp = await env.post(rpc("tools/list", id_=2))
     assert await jsonrpc_error(resp) == (502, -32603, 2)
     assert hits == []
@@ -333,11 +258,11 @@ async def test_oversized_upstream_response_is_502(make_env: Any) -> None:
     env = await make_env({"max_response_bytes": 2000})
 
     async def big(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        res = list_result(msg)
+        res = list_result(msg["id"])
         res["result"]["pad"] = "x" * 10_000
         return web.json_response(res)
 
-    env.upstream.handlers["*"] = big
+    env.upstream.answer = big
     assert (await jsonrpc_error(await env.post(rpc("tools/list"))))[:2] == (502, -32603)
 
 
@@ -345,11 +270,11 @@ async def test_public_answer_over_max_entry_bytes_is_forwarded_not_stored(make_e
     env = await make_env(cache={"max_entry_bytes": 500})
 
     async def big(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        res = list_result(msg)
+        res = list_result(msg["id"])
         res["result"]["pad"] = "x" * 1000
         return web.json_response(res)
 
-    env.upstream.handlers["*"] = big
+    env.upstream.answer = big
     for _ in range(2):
         resp = await env.post(rpc("tools/list"))
         assert resp.status == 200 and "detail=too-large" in resp.headers["Cache-Status"]
@@ -360,11 +285,11 @@ async def test_gzip_upstream_bodies_are_decoded(make_env: Any) -> None:
     env = await make_env()
 
     async def gz(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        resp = web.json_response(list_result(msg))
+        resp = web.json_response(list_result(msg["id"]))
         resp.enable_compression(web.ContentCoding.gzip)
         return resp
 
-    env.upstream.handlers["*"] = gz
+    env.upstream.answer = gz
     resp = await env.post(rpc("tools/list", id_=3))
     assert resp.status == 200 and (await resp.json())["id"] == 3
     assert "Content-Encoding" not in resp.headers
@@ -391,7 +316,7 @@ async def test_errors_are_never_cached(make_env: Any) -> None:
     async def err(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
         return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32602, "message": "bad"}})
 
-    env.upstream.handlers["*"] = err
+    env.upstream.answer = err
     for _ in range(2):
         resp = await env.post(rpc("tools/list"))
         assert "detail=error" in resp.headers["Cache-Status"]
@@ -415,7 +340,8 @@ async def test_every_mcp_response_carries_cache_status(make_env: Any) -> None:
 
 
 def sse(msg: object) -> bytes:
-    return b"event: message\r\ndata: " + orjson.dumps(msg) + b"\r\n\r\n"
+    """One SSE event, its lines ended by CRLF."""
+    return sse_frame(msg, b"\r\n")
 
 
 async def ping_then_hang(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
@@ -457,7 +383,7 @@ async def test_cacheable_sse_answer_stores_only_its_final_response(make_env: Any
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}))
-        await resp.write(sse(list_result(msg)))
+        await resp.write(sse(list_result(msg["id"])))
         return resp
 
     env.upstream.handlers["tools/list"] = stream
@@ -525,7 +451,7 @@ async def test_legacy_get_and_delete_pass_through_with_the_session(make_env: Any
     assert resp.status == 405 and resp.headers["Allow"] == "POST"
     resp = await env.client.delete("/servers/up/mcp", headers={"Mcp-Session-Id": "s1"})
     assert resp.status == 405
-    assert [h.get("Mcp-Session-Id") for m, _, h in env.upstream.requests] == ["s1", "s1"]
+    assert [r.headers.get("Mcp-Session-Id") for r in env.upstream.requests] == ["s1", "s1"]
 
 
 # -- headers and security -----------------------------------------------------------------------
@@ -548,8 +474,9 @@ async def test_forwarded_headers_are_the_allowed_set(make_env: Any) -> None:
     )
     body = orjson.dumps(rpc("tools/call", name="x"))
     await env.post({}, headers=hdrs, raw=body)
-    _, got_body, got = env.upstream.requests[-1]
-    assert got_body == body
+    seen = env.upstream.requests[-1]
+    got = seen.headers
+    assert seen.body == body
     assert got["Mcp-Param-Region"] == "eu-west" and got["Mcp-Name"] == "x" and got["X-Upstream-Key"] == "k1"
     for banned in ("Authorization", "Cookie", "Proxy-Authorization", "X-Foo", "Origin-Trace"):
         assert banned not in got
@@ -561,7 +488,7 @@ async def test_authorization_is_forwarded_only_when_configured(make_env: Any) ->
     await env.post(
         {}, headers=mcp_headers("tools/list", Authorization="Bearer caller"), raw=orjson.dumps(rpc("tools/list"))
     )
-    assert env.upstream.requests[-1][2]["Authorization"] == "Bearer caller"
+    assert env.upstream.requests[-1].headers["Authorization"] == "Bearer caller"
 
 
 async def test_foreign_origin_is_403_even_on_a_hit(make_env: Any) -> None:
@@ -583,7 +510,7 @@ async def test_gateway_auth_is_checked_before_the_cache_and_never_forwarded(make
         resp = await env.post(rpc("tools/list", id_=8), headers=hdrs)
         assert await jsonrpc_error(resp) == (401, -32600, 8)
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
-    assert all("Authorization" not in h for _, _, h in env.upstream.requests)
+    assert all("Authorization" not in r.headers for r in env.upstream.requests)
 
 
 async def test_inflight_limit_answers_503_with_retry_after(make_env: Any) -> None:
@@ -752,14 +679,7 @@ async def test_listen_stream_with_keepalives_outlives_the_idle_and_total_timeout
 async def test_silent_stream_is_closed_after_the_idle_timeout_with_an_error(make_env: Any) -> None:
     env = await make_env({"stream_idle_timeout_s": 0.3})
 
-    async def silent(request: web.Request, msg: dict[str, Any]) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b": first and last\n\n")
-        await asyncio.sleep(30)
-        return resp
-
-    env.upstream.handlers["subscriptions/listen"] = silent
+    env.upstream.handlers["subscriptions/listen"] = ping_then_hang  # one comment, then silence
     resp = await env.post(rpc("subscriptions/listen", id_=4, notifications={"toolsListChanged": True}))
     text = await asyncio.wait_for(resp.text(), 5)
     last = orjson.loads(text.strip().split("data: ")[-1])

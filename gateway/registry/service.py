@@ -1,0 +1,184 @@
+"""The registry service: the state, and with a ``[registry]`` table the probe and listen tasks."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Final
+
+from ..cache import CacheKey, CacheStore, Clock, uri_of
+from ..config import GatewayConfig
+from ..tasks import BackgroundTasks
+from ..telemetry import GatewayMetrics
+from ..upstream import Upstream
+from .listen import LISTEN_RESYNC_S, ListenStream, Sleep
+from .probe import Prober, Rng, backoff_delay, probe_delay
+from .state import ProbeRecord, ProbeResult, RegistryState, UpstreamState
+
+__all__ = ["MAX_RESOURCE_SUBSCRIPTIONS", "Registry"]
+
+log = logging.getLogger("mcp_gateway.registry")
+
+#: Most resource URIs one listen stream subscribes to (``resourceSubscriptions``).
+MAX_RESOURCE_SUBSCRIPTIONS: Final = 256
+
+
+class Registry:
+    """The registry service: state, and (with a ``[registry]`` table) the probe and listen tasks.
+
+    ``clock`` is monotonic seconds (the cache's clock); ``wall_clock`` gives seconds since the
+    epoch for the times shown in the routes; ``rng()`` a float in ``[0, 1)`` for jitter;
+    ``sleep(seconds)`` every pause of the probe loops and listen streams (tests inject all four).
+    The tasks start in :meth:`start` and stop in :meth:`stop`, both called from the app's
+    ``cleanup_ctx``.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: CacheStore,
+        metrics: GatewayMetrics,
+        *,
+        clock: Clock,
+        rng: Rng,
+        sleep: Sleep,
+        wall_clock: Clock = time.time,
+    ) -> None:
+        self.config = config
+        self.settings = config.registry if config.registry.enabled else None
+        self.state = RegistryState(config.upstreams)
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.rng = rng
+        self.sleep = sleep
+        self.tasks = BackgroundTasks(log)
+        self.probers: dict[str, Prober] = {}
+        self.listen_streams: dict[str, ListenStream] = {}
+        self._uris: dict[str, tuple[str, ...]] = {}
+        self._uris_at: float | None = None
+        self._versions_labelled: dict[str, set[str]] = {}
+
+    @property
+    def ready(self) -> bool:
+        """Probing is off, or every upstream has been probed once."""
+        return self.settings is None or self.state.ready
+
+    def observe(self, upstream: str, version: str) -> None:
+        """The proxy's ``on_success`` hook: ``version`` worked for ``upstream`` in real traffic."""
+        self.state.observe(upstream, version)
+
+    # -- lifecycle (called from the app's cleanup_ctx) --
+
+    def start(self, upstreams: Mapping[str, Upstream]) -> None:
+        """Start one probe loop and one listen stream per upstream (no-op without ``[registry]``)."""
+        settings = self.settings
+        if settings is None:
+            return
+        for name, upstream in upstreams.items():
+            state = self.state.upstreams[name]
+            self.probers[name] = Prober(upstream, timeout_s=settings.probe_timeout_s)
+            self.tasks.spawn(self._probe_loop(name), name=f"probe:{name}")
+            if settings.listen:
+                stream = ListenStream(
+                    upstream,
+                    state,
+                    settings,
+                    purge=self.purge,
+                    cached_uris=self.cached_uris,
+                    sleep=self.sleep,
+                    rng=self.rng,
+                )
+                self.listen_streams[name] = stream
+                self.tasks.spawn(stream.run(), name=f"listen:{name}")
+
+    async def stop(self) -> None:
+        """Cancel every probe and listen stream and wait for them."""
+        await self.tasks.close()
+
+    # -- probing --
+
+    async def probe(self, name: str) -> ProbeResult:
+        """Probe ``name`` once now and record the result (also used by tests)."""
+        started = time.perf_counter()
+        at = self.wall_clock()
+        result = await self.probers[name].probe()
+        state = self.state.upstreams[name]
+        was = state.health[0]
+        before = (state.probe_health, state.era, state.capabilities)
+        state.apply(
+            result, ProbeRecord(at, round((time.perf_counter() - started) * 1000, 3), result.outcome, result.detail)
+        )
+        self._export(name, state)
+        now = state.health[0]
+        if now != was:
+            level = logging.WARNING if now in ("down", "degraded") else logging.INFO
+            log.log(level, "upstream %s is %s (%s era): %s", name, now, state.era, state.health[1] or result.outcome)
+        stream = self.listen_streams.get(name)
+        if stream is not None and result.reachable and before != (state.probe_health, state.era, state.capabilities):
+            # Back, or changed: reconsider the stream now rather than after the listen backoff.
+            stream.wake.set()
+        return result
+
+    async def _probe_loop(self, name: str) -> None:
+        settings = self.settings
+        assert settings is not None
+        failures = 0
+        while True:
+            try:
+                result = await self.probe(name)
+            except Exception:  # a bug must not stop probing for good: log it and count a failure
+                log.exception("upstream %s: probe failed", name)
+                result = ProbeResult(health="down", outcome="unreachable", detail="probe failed (see the log)")
+            if result.reachable:
+                failures = 0
+                delay = probe_delay(
+                    result.ttl_ms,
+                    min_s=settings.probe_min_interval_s,
+                    max_s=settings.probe_max_interval_s,
+                    rng=self.rng,
+                )
+            else:
+                failures += 1
+                delay = backoff_delay(
+                    failures, base_s=settings.backoff_base_s, max_s=settings.backoff_max_s, rng=self.rng
+                )
+            self.state.upstreams[name].next_probe_at = self.wall_clock() + delay
+            await self.sleep(delay)
+
+    def _export(self, name: str, state: UpstreamState) -> None:
+        """``upstream_up`` and ``upstream_supported_version`` (stale version labels removed)."""
+        self.metrics.upstream_up.labels(name).set(1 if state.up else 0)
+        current = set(state.advertised)
+        for version in self._versions_labelled.get(name, set()) - current:
+            self.metrics.upstream_supported_version.remove(name, version)
+        for version in current:
+            self.metrics.upstream_supported_version.labels(name, version).set(1)
+        self._versions_labelled[name] = current
+
+    # -- the cache --
+
+    def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
+        """Remove matching cache entries (counted under ``cache_evictions{reason}``)."""
+        count = self.store.purge(predicate, reason)
+        if count:
+            self.metrics.cache_entries.set(len(self.store))
+            self.metrics.cache_bytes.set(self.store.total_bytes)
+        return count
+
+    def cached_uris(self, upstream: str) -> tuple[str, ...]:
+        """URIs of ``upstream``'s cached ``resources/read`` entries, sorted, at most
+        :data:`MAX_RESOURCE_SUBSCRIPTIONS`; rescanned at most every :data:`LISTEN_RESYNC_S` seconds."""
+        now = self.clock()
+        if self._uris_at is None or now - self._uris_at >= LISTEN_RESYNC_S:
+            self._uris_at = now
+            found: dict[str, set[str]] = {}
+            for key in self.store.keys():
+                if key.method == "resources/read":
+                    uri = uri_of(key)
+                    if isinstance(uri, str):
+                        found.setdefault(key.upstream, set()).add(uri)
+            self._uris = {name: tuple(sorted(uris)[:MAX_RESOURCE_SUBSCRIPTIONS]) for name, uris in found.items()}
+        return self._uris.get(upstream, ())

@@ -1,0 +1,186 @@
+"""The registry's HTTP routes: ``GET /v0.1/servers`` (the MCP Registry API shape) and ``/registry/versions``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+
+from ..auth import bearer_matches
+from ..config import GatewayConfig
+from ..errors import Unauthorized, error_response
+from .state import RegistryState, UpstreamState, newest_first
+
+__all__ = ["LIVE_META_KEY", "RegistryViews"]
+
+#: Our own ``_meta`` key for the live state in ``/v0.1/servers``. Its second label is neither
+#: ``modelcontextprotocol`` nor ``mcp``, so the prefix is not reserved (MCP 2026-07-28,
+#: basic/index, '`_meta`', 'Key name format').
+LIVE_META_KEY: Final = "io.github.mcp-gateway/live"
+DEFAULT_PAGE_LIMIT: Final = 30
+MAX_PAGE_LIMIT: Final = 100
+#: ``server.json`` limits its ``description`` to 100 characters.
+MAX_DESCRIPTION_CHARS: Final = 100
+
+
+def _rfc3339(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _json(payload: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, headers={"Content-Type": "application/json"})
+
+
+class RegistryViews:
+    """``GET /v0.1/servers``, ``/v0.1/servers/{name}/versions[/{version}]`` and ``/registry/versions``.
+
+    The ``/v0.1`` routes follow the official MCP Registry API (``ServerList``: ``servers[]`` of
+    ``{server, _meta}`` and ``metadata`` ``{nextCursor?, count}``; ``server`` is a ``server.json``
+    with one ``streamable-http`` remote pointing at the gateway). Names are
+    ``<server_namespace>/<upstream name>``; the bare upstream name is accepted in paths too.
+    When ``[auth]`` is configured these routes need one of its bearer tokens, else they answer
+    the gateway's one 401 (:class:`~gateway.errors.Unauthorized`).
+    """
+
+    def __init__(self, config: GatewayConfig, state: RegistryState) -> None:
+        self.config = config
+        self.state = state
+        settings = config.registry
+        self.namespace = settings.server_namespace
+        self.base_url = str(settings.public_base_url).rstrip("/") if settings.public_base_url else None
+        self._tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
+
+    def _denied(self, request: web.Request) -> web.Response | None:
+        if not self._tokens:
+            return None
+        if bearer_matches(request.headers.get("Authorization"), self._tokens):
+            return None
+        return error_response(Unauthorized())
+
+    def _base(self, request: web.Request) -> str:
+        return self.base_url or str(request.url.origin())
+
+    def server_name(self, upstream: str) -> str:
+        return f"{self.namespace}/{upstream}"
+
+    def _lookup(self, name: str) -> UpstreamState | None:
+        prefix = f"{self.namespace}/"
+        return self.state.upstreams.get(name.removeprefix(prefix) if name.startswith(prefix) else name)
+
+    def _named_entry(self, request: web.Request) -> dict[str, Any] | web.Response:
+        """The entry of the server named in the path, or the 401/404 to answer instead."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        state = self._lookup(request.match_info["name"])
+        if state is None:
+            return _json({"error": "Server not found"}, 404)
+        return self.entry(state, self._base(request))
+
+    def entry(self, state: UpstreamState, base: str) -> dict[str, Any]:
+        """One ``ServerResponse``: ``{"server": server.json, "_meta": {LIVE_META_KEY: live state}}``."""
+        info = state.server_info or {}
+        url = f"{base}/servers/{state.name}/mcp"
+        description = info.get("description") or f"MCP server '{state.name}' behind this gateway"
+        server: dict[str, Any] = {
+            "name": self.server_name(state.name),
+            "description": description[:MAX_DESCRIPTION_CHARS],
+            "version": info.get("version") or "unknown",
+            "remotes": [{"type": "streamable-http", "url": url}],
+        }
+        if isinstance(info.get("title"), str):
+            server["title"] = info["title"][:MAX_DESCRIPTION_CHARS]
+        if isinstance(info.get("websiteUrl"), str):
+            server["websiteUrl"] = info["websiteUrl"]
+        health, reason = state.health
+        listen = state.listen
+        probe = state.last_probe
+        live = {
+            "upstream": state.name,
+            "url": url,
+            "era": state.era,
+            "dualEra": state.dual_era,
+            "supportedVersions": list(state.advertised),
+            "observedVersions": newest_first(state.observed),
+            "capabilities": state.capabilities,
+            "serverInfo": state.server_info,
+            "instructions": state.instructions,
+            "health": {"status": health, "reason": reason, "up": state.up},
+            "lastProbe": None
+            if probe is None
+            else {
+                "at": _rfc3339(probe.at),
+                "outcome": probe.outcome,
+                "detail": probe.detail,
+                "durationMs": probe.duration_ms,
+            },
+            "probes": state.probes,
+            "nextProbeAt": _rfc3339(state.next_probe_at),
+            "ttlMs": state.ttl_ms,
+            "listen": {
+                "state": listen.state,
+                "requested": listen.requested,
+                "honoured": listen.honoured,
+                "problem": listen.problem,
+                "streams": listen.streams,
+                "losses": listen.losses,
+            },
+        }
+        return {"server": server, "_meta": {LIVE_META_KEY: live}}
+
+    async def servers(self, request: web.Request) -> web.Response:
+        """``GET /v0.1/servers?cursor=&limit=&search=&version=``; ``cursor`` is the last name of
+        the previous page (opaque to callers), ``limit`` 1-100 (default 30), ``search`` a
+        case-insensitive substring of the name, ``version`` ``latest`` or an exact version."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        raw_limit = request.query.get("limit", str(DEFAULT_PAGE_LIMIT))
+        try:
+            limit = int(raw_limit)
+        except ValueError:
+            limit = 0
+        if not 1 <= limit <= MAX_PAGE_LIMIT:
+            return _json({"error": f"limit must be an integer from 1 to {MAX_PAGE_LIMIT}"}, 400)
+        cursor = request.query.get("cursor") or ""
+        search = (request.query.get("search") or "").lower()
+        version = request.query.get("version")
+        base = self._base(request)
+        entries = []
+        for upstream in sorted(self.state.upstreams):
+            name = self.server_name(upstream)
+            if name <= cursor or (search and search not in name.lower()):
+                continue
+            entry = self.entry(self.state.upstreams[upstream], base)
+            if version not in (None, "", "latest") and entry["server"]["version"] != version:
+                continue
+            entries.append(entry)
+        page = entries[:limit]
+        meta: dict[str, Any] = {"count": len(page)}
+        if len(entries) > limit:
+            meta["nextCursor"] = page[-1]["server"]["name"]
+        return _json({"servers": page, "metadata": meta})
+
+    async def server_versions(self, request: web.Request) -> web.Response:
+        """``GET /v0.1/servers/{name}/versions``: a ``ServerList`` of the one live version."""
+        entry = self._named_entry(request)
+        if isinstance(entry, web.Response):
+            return entry
+        return _json({"servers": [entry], "metadata": {"count": 1}})
+
+    async def server_version(self, request: web.Request) -> web.Response:
+        """``GET /v0.1/servers/{name}/versions/{version}``: ``latest`` or the live version; 404 JSON otherwise."""
+        entry = self._named_entry(request)
+        if isinstance(entry, web.Response):
+            return entry
+        if request.match_info["version"] not in ("latest", entry["server"]["version"]):
+            return _json({"error": "Server version not found"}, 404)
+        return _json(entry)
+
+    async def versions(self, request: web.Request) -> web.Response:
+        """``GET /registry/versions``: see :meth:`RegistryState.aggregate`."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        return _json(self.state.aggregate())

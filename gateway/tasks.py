@@ -1,0 +1,47 @@
+"""Background tasks that the app starts and stops from its ``cleanup_ctx``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+__all__ = ["BackgroundTasks"]
+
+
+class BackgroundTasks:
+    """Owns a set of background tasks (probes, listen streams, any other background work).
+
+    The event loop keeps only weak references to tasks, so this keeps strong ones until each
+    task ends; :meth:`close` cancels every task and awaits them all. A task that dies of an
+    unexpected exception is logged to ``log``, never silently lost. The owner passes its own
+    logger so that the report names the part of the gateway that lost the task.
+    """
+
+    def __init__(self, log: logging.Logger | None = None) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._log = log if log is not None else logging.getLogger("mcp_gateway.tasks")
+
+    def spawn(self, coro: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run ``coro`` as a task called ``name`` and keep it until it ends."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._log.error("background task %s died", task.get_name(), exc_info=exc)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def close(self) -> None:
+        """Cancel every task and wait until all have ended."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()

@@ -1,0 +1,82 @@
+"""The storability decision and cache entries (gateway.cache.policy): every condition, and how a
+stored answer is served (the caller's id, the remaining ttlMs, the ceiling)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.cache import STORED, build_entry, store_outcome
+
+from ..support import FakeClock
+from ..support.cache import result
+
+# -- storability: every condition -------------------------------------------------------
+
+
+def test_public_complete_positive_ttl_result_is_stored() -> None:
+    assert store_outcome(200, result(), 100, 1000) == STORED
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "size", "expected"),
+    [
+        (201, result(), 10, "status"),
+        (400, result(), 10, "status"),
+        (200, {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "x"}}, 10, "error"),
+        (200, {"jsonrpc": "2.0", "id": 1, "result": []}, 10, "error"),
+        (200, ["x"], 10, "error"),
+        (200, result(resultType="input_required"), 10, "input_required"),
+        (200, result(resultType=None), 10, "input_required"),
+        (200, result(cacheScope="private"), 10, "private"),
+        (200, result(cacheScope=None), 10, "private"),
+        (200, result(cacheScope="Public"), 10, "private"),
+        (200, result(ttlMs=0), 10, "no_ttl"),
+        (200, result(ttlMs=-5), 10, "no_ttl"),
+        (200, result(ttlMs=None), 10, "no_ttl"),
+        (200, result(ttlMs=1.5), 10, "no_ttl"),
+        (200, result(ttlMs="60000"), 10, "no_ttl"),
+        (200, result(ttlMs=True), 10, "no_ttl"),
+        (200, result(), 1001, "too_large"),
+    ],
+)
+def test_each_storability_condition_refuses(status: int, message: object, size: int, expected: str) -> None:
+    assert store_outcome(status, message, size, 1000) == expected
+
+
+# -- entries: id and ttlMs rewrite, ceiling ---------------------------------------------------
+
+
+def test_hit_carries_the_callers_id_and_the_remaining_ttl() -> None:
+    clock = FakeClock()
+    entry = build_entry(result(), clock(), max_ttl_ms=3_600_000)
+    assert entry is not None
+    clock.advance(12.5)
+    for caller_id in (7, "req-7", 0):
+        msg = orjson.loads(entry.response(orjson.dumps(caller_id), clock()))
+        assert msg["id"] == caller_id
+        assert msg["result"]["ttlMs"] == 47_500
+        assert msg["result"]["tools"] == [{"name": "a"}]
+        assert msg["result"]["cacheScope"] == "public"
+
+
+def test_remaining_ttl_floors_at_zero() -> None:
+    entry = build_entry(result(ttlMs=1000), 0.0, 3_600_000)
+    assert entry is not None
+    assert entry.remaining_ms(5.0) == 0
+
+
+def test_max_ttl_is_a_ceiling_not_a_floor() -> None:
+    long = build_entry(result(ttlMs=10_000_000), 0.0, max_ttl_ms=60_000)
+    short = build_entry(result(ttlMs=5_000), 0.0, max_ttl_ms=60_000)
+    assert long is not None and short is not None
+    assert (long.ttl_ms, long.expires_at) == (60_000, 60.0)
+    assert (short.ttl_ms, short.expires_at) == (5_000, 5.0)
+    assert orjson.loads(long.response(b"1", 0.0))["result"]["ttlMs"] == 60_000
+
+
+def test_entry_keeps_a_ttl_lookalike_string_inside_the_result_intact() -> None:
+    msg = result(tools=[{"name": "ttlMs", "description": '"ttlMs": 5'}])
+    entry = build_entry(msg, 0.0, 3_600_000)
+    assert entry is not None
+    assert orjson.loads(entry.response(b"1", 1.0))["result"]["tools"] == msg["result"]["tools"]

@@ -1,0 +1,75 @@
+"""The in-process store (gateway.cache.store): expiry at each entry's ttl, the entry and byte
+bounds, and purges, each reported to the eviction listener."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.cache import MemoryStore, build_entry, make_key
+
+from ..support import FakeClock
+from ..support.cache import key, request, result
+
+
+def make_store(clock: FakeClock, evictions: list[tuple[str, int]], **kw: Any) -> MemoryStore:
+    opts = {"max_entries": 3, "max_bytes": 1 << 20}
+    opts.update(kw)
+    return MemoryStore(clock=clock, on_evict=lambda r, n: evictions.append((r, n)), **opts)
+
+
+def test_store_expires_entries_at_their_ttl() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev)
+    entry = build_entry(result(ttlMs=1000), clock(), 3_600_000)
+    assert entry is not None and store.put(key(), entry)
+    clock.advance(0.999)
+    assert store.get(key()) is entry
+    clock.advance(0.002)
+    assert store.get(key()) is None
+    assert ev == [("expired", 1)]
+    assert len(store) == 0 and store.total_bytes == 0
+
+
+def test_store_is_bounded_by_entry_count() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev)
+    for i in range(5):
+        entry = build_entry(result(), clock(), 3_600_000)
+        assert entry is not None
+        store.put(key(cursor=str(i)), entry)
+    assert len(store) == 3
+    assert store.get(key(cursor="0")) is None and store.get(key(cursor="4")) is not None
+    assert sum(n for r, n in ev if r == "size") == 2
+
+
+def test_store_is_bounded_by_total_bytes() -> None:
+    clock, ev = FakeClock(), []
+    entry = build_entry(result(), clock(), 3_600_000)
+    assert entry is not None
+    store = make_store(clock, ev, max_entries=100, max_bytes=entry.size * 2)
+    for i in range(4):
+        store.put(key(cursor=str(i)), entry)
+    assert len(store) == 2 and store.total_bytes == entry.size * 2
+
+
+def test_store_with_zero_entries_stores_nothing() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev, max_entries=0)
+    entry = build_entry(result(), clock(), 3_600_000)
+    assert entry is not None
+    assert not store.put(key(), entry)
+    assert store.get(key()) is None
+
+
+def test_purge_removes_matching_entries_and_reports_them() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev, max_entries=10)
+    entry = build_entry(result(), clock(), 3_600_000)
+    assert entry is not None
+    store.put(key(), entry)
+    store.put(key(method="prompts/list"), entry)
+    store.put(make_key("other", request(), vary_on_capabilities=True), entry)
+    assert store.purge(lambda k: k.upstream == "up" and k.method == "tools/list", "notification") == 1
+    assert store.purge(lambda k: k.upstream == "up", "purge") == 1
+    assert len(store) == 1
+    assert ev == [("notification", 1), ("purge", 1)]

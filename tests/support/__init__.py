@@ -1,0 +1,71 @@
+"""What the test modules share, written once.
+
+* :mod:`.wire`: the MCP wire as a correct client writes it: ``V``, ``ACCEPT``, the ``_meta`` keys,
+  :func:`rpc`, :func:`mcp_headers`, the header sentinel, a reference SSE reader.
+* :mod:`.upstream`: :class:`FakeUpstream`, the one scriptable aiohttp upstream (served by the
+  ``start_upstream`` fixture); each test writes its own handlers.
+* :mod:`.clock`: :class:`FakeClock`. :mod:`.running`: :class:`RunningGateway` (the
+  ``start_gateway`` fixture's value).
+* :mod:`.fleet`: the real SDK servers of ``tests/servers/``, run as subprocesses.
+  :mod:`.conformance`: the official conformance suite.
+* :mod:`.cache`, :mod:`.telemetry`: builders for the unit tests of those subpackages.
+
+The names most modules need are importable from here.
+"""
+
+from .clock import FakeClock
+from .running import RunningGateway, StartGateway
+from .upstream import FakeUpstream, Handler, Received, StartUpstream, answer_tools_list
+from .wire import (
+    ACCEPT,
+    CACHEABLE,
+    CLIENT_CAPABILITIES_KEY,
+    CLIENT_INFO_KEY,
+    LEGACY_V,
+    LEGACY_VERSIONS,
+    NAME_FIELD,
+    PROTOCOL_VERSION_KEY,
+    SENTINEL_PREFIX,
+    SENTINEL_SUFFIX,
+    V,
+    header_value,
+    list_result,
+    mcp_headers,
+    request_meta,
+    rpc,
+    sentinel,
+    sse_events,
+    sse_frame,
+    sse_messages,
+)
+
+__all__ = [
+    "ACCEPT",
+    "CACHEABLE",
+    "CLIENT_CAPABILITIES_KEY",
+    "CLIENT_INFO_KEY",
+    "LEGACY_V",
+    "LEGACY_VERSIONS",
+    "NAME_FIELD",
+    "PROTOCOL_VERSION_KEY",
+    "SENTINEL_PREFIX",
+    "SENTINEL_SUFFIX",
+    "FakeClock",
+    "FakeUpstream",
+    "Handler",
+    "Received",
+    "RunningGateway",
+    "StartGateway",
+    "StartUpstream",
+    "V",
+    "answer_tools_list",
+    "header_value",
+    "list_result",
+    "mcp_headers",
+    "request_meta",
+    "rpc",
+    "sentinel",
+    "sse_events",
+    "sse_frame",
+    "sse_messages",
+]
