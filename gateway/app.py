@@ -32,6 +32,7 @@ STORE: Final = web.AppKey("store", MemoryStore)
 UPSTREAMS: Final = web.AppKey("upstreams", dict[str, Upstream])
 PROXY: Final = web.AppKey("proxy", Proxy)
 READY: Final = web.AppKey("ready", list[bool])
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REGISTRY: Final = web.AppKey("registry", Registry)
 
 
@@ -124,7 +125,7 @@ def create_app(
     for method in ("GET", "DELETE"):
         app.router.add_route(method, "/servers/{name}/mcp", proxy.handle_stream)
     app.router.add_post("/servers/{name}/mcp", proxy.handle_post)
-    app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
+    app.router.add_get("/metrics", _metrics_view(config, make_aiohttp_handler(metrics.registry)))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     views = RegistryViews(config, registry.state)
@@ -135,6 +136,21 @@ def create_app(
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", _purge)
     return app
+
+
+def _metrics_view(config: GatewayConfig, exposition: Handler) -> Handler:
+    """``GET /metrics``: with ``[auth]``, only for a bearer token of ``auth.metrics_tokens`` (or,
+    when that is empty, of ``auth.tokens``): the metrics name every configured upstream."""
+    if config.auth is None:
+        return exposition
+    tokens = tuple(t.encode() for t in (config.auth.metrics_tokens or config.auth.tokens))
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        if not bearer_matches(request.headers.get("Authorization"), tokens):
+            return error_response(Unauthorized())
+        return await exposition(request)
+
+    return metrics
 
 
 def _inflight_of(upstream: Upstream) -> Callable[[], float]:

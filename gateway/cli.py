@@ -16,7 +16,7 @@ from typing import Final
 from aiohttp import web
 
 from .config import ConfigError, GatewayConfig, load_config
-from .telemetry import ACCESS_LOGGER, AccessLogHandler
+from .telemetry import ACCESS_LOGGER, AccessLogHandler, quiet_server_errors
 
 __all__ = ["main"]
 
@@ -72,6 +72,7 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    quiet_server_errors()  # aiohttp's bad-request errors quote the raw request: one short line each
 
 
 class _TextFormatter(logging.Formatter):

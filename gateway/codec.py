@@ -23,6 +23,7 @@ __all__ = [
     "ENVELOPE_MIN_BYTES",
     "Unrepresentable",
     "dumps",
+    "duplicate_members",
     "id_json",
     "loads",
     "loads_relayed",
@@ -62,6 +63,43 @@ def loads(data: bytes) -> Any:
         return json.loads(data.decode("utf-8"), parse_constant=_reject_constant, parse_float=_parse_float)
     except RecursionError as exc:
         raise ValueError("JSON nested too deeply") from exc
+
+
+def duplicate_members(data: bytes, value: Any) -> tuple[str, ...]:
+    """The member names that some object in the JSON text ``data`` holds more than once, in the
+    order the objects close; ``()`` when none. ``value`` is ``data`` as :func:`loads` parsed it.
+
+    Why: JSON parsers disagree on which value a repeated name keeps (RFC 8259 §4: names SHOULD
+    be unique). The gateway reads the last; an upstream that reads the first would answer
+    another request than the one the gateway keyed, and that answer would be cached.
+    """
+    # ✂ fast path, for the usual compact body: text that is written back byte for byte from
+    # its parsed value has no repeated name (a repeat would be missing from the value's text).
+    try:
+        if dumps(value) == data:
+            return ()
+    except ValueError:
+        pass
+    # ✂
+    found: list[str] = []
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) != len(pairs):
+            seen: set[str] = set()
+            for name, _ in pairs:
+                if name in seen:
+                    found.append(name)
+                seen.add(name)
+        return obj
+
+    try:
+        json.loads(
+            data.decode("utf-8"), object_pairs_hook=unique, parse_constant=_reject_constant, parse_float=_parse_float
+        )
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+    return tuple(found)
 
 
 def loads_relayed(data: bytes, request_id: object) -> Any:

@@ -40,6 +40,9 @@ DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 DEFAULT_STREAM_IDLE_TIMEOUT_S: Final = 300.0
 DEFAULT_MAX_RESPONSE_BYTES: Final = 16 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT: Final = 256
+DEFAULT_MAX_LISTEN_STREAMS: Final = 1024
+DEFAULT_BODY_TIMEOUT_S: Final = 10.0
+DEFAULT_WRITE_TIMEOUT_S: Final = 30.0
 DEFAULT_PROBE_MIN_INTERVAL_S: Final = 10.0
 DEFAULT_PROBE_MAX_INTERVAL_S: Final = 300.0
 DEFAULT_PROBE_TIMEOUT_S: Final = 10.0
@@ -70,6 +73,16 @@ class ListenerConfig(_Model):
     max_body_bytes: int = Field(
         DEFAULT_MAX_BODY_BYTES, gt=0, description="Largest request body accepted, in bytes (else 413)."
     )
+    body_timeout_s: float = Field(
+        DEFAULT_BODY_TIMEOUT_S,
+        gt=0,
+        description="Time allowed to send a request body once its headers arrived, in seconds (else 408).",
+    )
+    write_timeout_s: float = Field(
+        DEFAULT_WRITE_TIMEOUT_S,
+        gt=0,
+        description="A caller that reads nothing of a streamed answer for this long is disconnected, in seconds.",
+    )
 
 
 class CacheConfig(_Model):
@@ -93,6 +106,10 @@ class AuthConfig(_Model):
 
     tokens: tuple[Annotated[str, Field(min_length=16)], ...] = Field(
         min_length=1, description="Accepted bearer tokens (use ${ENV} references, at least 16 characters)."
+    )
+    metrics_tokens: tuple[Annotated[str, Field(min_length=16)], ...] = Field(
+        (),
+        description="Bearer tokens for GET /metrics (a scraper's own); empty: the caller tokens above.",
     )
 
 
@@ -123,6 +140,12 @@ class UpstreamConfig(_Model):
     )
     max_inflight: int = Field(
         DEFAULT_MAX_INFLIGHT, gt=0, description="Concurrent requests to this upstream before 503 + Retry-After."
+    )
+    max_listen_streams: int = Field(
+        DEFAULT_MAX_LISTEN_STREAMS,
+        gt=0,
+        description="Callers' subscriptions/listen streams open to this upstream at once, apart from "
+        "max_inflight (else 503 + Retry-After).",
     )
 
     @field_validator("headers")

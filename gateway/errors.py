@@ -32,6 +32,7 @@ __all__ = [
     "Overloaded",
     "ParseError",
     "PayloadTooLarge",
+    "RequestTimeout",
     "Unauthorized",
     "error_body",
     "error_response",
@@ -62,6 +63,8 @@ class GatewayError(Exception):
 
     code: int = -32603
     status: int = 500
+    #: Whether the connection is closed after the answer (the rest of the request may follow).
+    close_connection: bool = False
 
     def __init__(
         self,
@@ -153,6 +156,15 @@ class PayloadTooLarge(GatewayError):
     status = 413
 
 
+class RequestTimeout(GatewayError):
+    """The request body did not arrive within ``listener.body_timeout_s`` (HTTP 408; the
+    connection is closed after the answer)."""
+
+    code = -32600
+    status = 408
+    close_connection = True
+
+
 class Overloaded(GatewayError):
     """Too many requests in flight to one upstream (HTTP 503; the raiser adds ``Retry-After``)."""
 
@@ -183,4 +195,7 @@ def error_response(err: GatewayError, cache_status: str | None = None) -> web.Re
     if cache_status is not None:
         headers["Cache-Status"] = cache_status
     headers.update(err.headers)
-    return web.Response(body=err.body(), status=err.status, headers=headers)
+    response = web.Response(body=err.body(), status=err.status, headers=headers)
+    if err.close_connection:
+        response.force_close()
+    return response

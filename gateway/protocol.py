@@ -19,7 +19,7 @@ from typing import Any, Final, Literal
 
 from multidict import MultiMapping, istr
 
-from .codec import loads
+from .codec import duplicate_members, loads
 from .errors import HeaderMismatch, InvalidParams, InvalidRequest, ParseError
 
 __all__ = [
@@ -173,7 +173,7 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     Raises:
         ParseError: the body is not JSON (-32700).
         InvalidRequest: a batch, a non-object, ``jsonrpc`` not ``"2.0"``, a bad ``id`` or
-            ``method`` (-32600).
+            ``method``, or a member name repeated in one object anywhere in the body (-32600).
         InvalidParams: a modern request whose ``params._meta`` is absent or lacks
             ``protocolVersion`` (a string) or ``clientCapabilities`` (an object) (-32602).
         HeaderMismatch: ``MCP-Protocol-Version`` sent twice with different values, or a modern
@@ -183,8 +183,16 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     """
     try:
         msg = loads(body)
+        repeated = duplicate_members(body, msg)
     except ValueError as exc:
         raise ParseError("Parse error: body is not valid JSON") from exc
+    if repeated:
+        # The id is echoed only when it cannot be one of two values.
+        request_id = msg.get("id") if type(msg) is dict and "id" not in repeated else None
+        raise InvalidRequest(
+            f"Invalid Request: member name {repeated[0]!r} appears twice in one object",
+            request_id=request_id if type(request_id) in (str, int) else None,
+        )
     if type(msg) is not dict:
         if isinstance(msg, list):
             raise InvalidRequest("Invalid Request: JSON-RPC batches are not supported")

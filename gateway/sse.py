@@ -17,13 +17,19 @@ class SSEParser:
     fields are ignored. When the unfinished line and event held exceed ``max_event_bytes``,
     the parser drops them and is marked ``overflowed``: every later :meth:`feed` returns
     nothing.
+
+    Linear in its input however it is cut: a line split over many chunks is searched for its
+    end only in the bytes not searched before, and the held line is moved only when a line ends.
     """
 
-    __slots__ = ("_buf", "_data", "_max", "_started", "overflowed")
+    __slots__ = ("_buf", "_data", "_data_bytes", "_max", "_scanned", "_started", "overflowed")
 
     def __init__(self, max_event_bytes: int) -> None:
-        self._buf = b""
+        self._buf = bytearray()
+        #: ``_buf[:_scanned]`` holds no line end (but maybe a final ``\\r``, see feed).
+        self._scanned = 0
         self._data: list[bytes] = []
+        self._data_bytes = 0
         self._max = max_event_bytes
         self._started = False
         self.overflowed = False
@@ -31,33 +37,55 @@ class SSEParser:
     def feed(self, chunk: bytes) -> list[bytes]:
         if self.overflowed:
             return []
-        self._buf += chunk
+        buf = self._buf
+        buf += chunk
         if not self._started:
-            if len(self._buf) < len(_BOM) and _BOM.startswith(self._buf):
+            if len(buf) < len(_BOM) and _BOM.startswith(buf):
                 return []  # maybe a byte order mark, split across chunks
             self._started = True
-            if self._buf.startswith(_BOM):  # the stream's leading BOM is not data (WHATWG)
-                self._buf = self._buf[len(_BOM) :]
+            if buf.startswith(_BOM):  # the stream's leading BOM is not data (WHATWG)
+                del buf[: len(_BOM)]
         events: list[bytes] = []
-        while True:
-            cut = _next_line_end(self._buf)
-            if cut is None:
-                break
-            end, nxt = cut
-            line, self._buf = self._buf[:end], self._buf[nxt:]
-            if not line:
-                if self._data:
-                    events.append(b"\n".join(self._data))
-                    self._data = []
-            elif line.startswith(b"data:"):
-                value = line[5:]
-                self._data.append(value[1:] if value.startswith(b" ") else value)
-            elif line == b"data":
-                self._data.append(b"")
-        if len(self._buf) + sum(len(d) for d in self._data) > self._max:
+        start, scan = 0, self._scanned
+        # The next \r and \n at or after scan (-1: none in buf), each searched for once.
+        cr, lf = buf.find(b"\r", scan), buf.find(b"\n", scan)
+        while cr != -1 or lf != -1:
+            if cr != -1 and (lf == -1 or cr < lf):
+                if cr + 1 == len(buf):
+                    scan = cr  # a \r at the end may still be followed by \n
+                    break
+                end, nxt = cr, cr + 2 if buf[cr + 1] == _LF else cr + 1
+            else:
+                end, nxt = lf, lf + 1
+            self._line(bytes(buf[start:end]), events)
+            start = scan = nxt
+            if cr != -1 and cr < scan:
+                cr = buf.find(b"\r", scan)
+            if lf != -1 and lf < scan:
+                lf = buf.find(b"\n", scan)
+        else:
+            scan = len(buf)
+        if start:
+            del buf[:start]
+            scan -= start
+        self._scanned = scan
+        if len(buf) + self._data_bytes > self._max:
             self.overflowed = True
-            self._buf, self._data = b"", []
+            self._buf, self._data, self._data_bytes = bytearray(), [], 0
         return events
+
+    def _line(self, line: bytes, events: list[bytes]) -> None:
+        """One complete line: a blank line dispatches the event, ``data`` adds to it."""
+        if not line:
+            if self._data:
+                events.append(b"\n".join(self._data))
+                self._data, self._data_bytes = [], 0
+        elif line.startswith(b"data:"):
+            value = line[6:] if line.startswith(b"data: ") else line[5:]
+            self._data.append(value)
+            self._data_bytes += len(value)
+        elif line == b"data":
+            self._data.append(b"")
 
     def finish(self) -> list[bytes]:
         """At the end of the stream: a trailing ``\\r`` ends its line (it was held back in
@@ -66,16 +94,4 @@ class SSEParser:
 
 
 _BOM: Final = b"\xef\xbb\xbf"
-
-
-def _next_line_end(buf: bytes) -> tuple[int, int] | None:
-    """Position of the first line ending in ``buf`` and of the byte after it."""
-    cr, lf = buf.find(b"\r"), buf.find(b"\n")
-    if cr == -1 and lf == -1:
-        return None
-    if cr != -1 and (lf == -1 or cr < lf):
-        if cr + 1 == len(buf):
-            return None  # a \r at the end may still be followed by \n
-        return (cr, cr + 2) if buf[cr + 1 : cr + 2] == b"\n" else (cr, cr + 1)
-    return (lf, lf + 1)
-
+_LF: Final = 0x0A

@@ -74,7 +74,9 @@ class Upstream:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s
         )
+        #: Requests being forwarded now, and callers' listen streams open now (bounded apart).
         self.inflight = 0
+        self.listening = 0
 
     def request_headers(self, incoming: Mapping[str, str], *, allow_authorization: bool) -> CIMultiDict[str]:
         """The headers to send upstream: the allowed subset of ``incoming``, values unchanged,

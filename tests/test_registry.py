@@ -56,6 +56,7 @@ from .fleet_registry import (
     wait_until,
 )
 from .support.fleet import Upstream, add_tool, bump_resource, free_port, run_server
+from .support.wire import LEGACY_VERSIONS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -374,16 +375,18 @@ def test_aggregate_covers_only_up_upstreams_newest_first() -> None:
     assert out["byVersion"][LEGACY_V] == ["scripted"]
 
 
-def test_observed_versions_are_bounded_and_well_formed_and_reset_when_an_upstream_comes_back() -> None:
+def test_observed_versions_are_bounded_and_known_and_reset_when_an_upstream_comes_back() -> None:
     state = RegistryState(["a"])
-    for i in range(40):
-        state.observe("a", f"2026-01-{i:02d}")
-    state.observe("a", "bad version\n")
-    state.observe("nope", V)
-    observed = state.upstreams["a"].observed
-    assert len(observed) == 16 and "bad version\n" not in observed
-    record = ProbeRecord(0, 1, "modern", None)
     a: UpstreamState = state.upstreams["a"]
+    a.advertised = tuple(f"2026-01-{i:02d}" for i in range(1, 17))
+    for version in (*a.advertised, V, *LEGACY_VERSIONS):  # 21 versions it may be seen to speak
+        state.observe("a", version)
+    state.observe("a", "bad version\n")
+    state.observe("a", "9999-12-31")  # well-formed, but neither known nor advertised
+    state.observe("nope", V)
+    observed = a.observed
+    assert len(observed) == 16 and "bad version\n" not in observed and "9999-12-31" not in observed
+    record = ProbeRecord(0, 1, "modern", None)
     a.apply(up_state("a", "modern", (V,)), record)  # unknown -> up keeps them
     assert len(a.observed) == 16
     a.apply(ProbeResult(health="down", outcome="unreachable"), record)

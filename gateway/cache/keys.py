@@ -17,7 +17,12 @@ from typing import Any, Final, NamedTuple
 from ..codec import dumps
 from ..protocol import CLIENT_CAPABILITIES_KEY, ParsedRequest
 
-__all__ = ["CacheKey", "canonical_json", "make_key"]
+__all__ = ["MAX_KEY_PARAMS_BYTES", "CacheKey", "canonical_json", "make_key"]
+
+#: Requests whose params (without ``_meta``) take more canonical JSON than this are forwarded,
+#: never cached: every key is small, so ``max_entries`` bounds the memory keys take, whatever
+#: callers send (a cursor or URI is far shorter in practice).
+MAX_KEY_PARAMS_BYTES: Final = 4096
 
 
 def canonical_json(value: object) -> bytes:
@@ -58,8 +63,8 @@ def make_key(
     it, else ``None``.
 
     Raises:
-        ValueError: the params or capabilities hold a number beyond the float range (such a
-            request is not cached).
+        ValueError: the params or capabilities hold a number beyond the float range, or the params
+            take more than :data:`MAX_KEY_PARAMS_BYTES` (such a request is not cached).
     """
     params: Mapping[str, Any] = request.params or {}
     meta = params.get("_meta")
@@ -69,11 +74,16 @@ def make_key(
         # An exact-size copy: orjson's output holds a ~4 KB buffer whatever its length, and
         # the keys of stored entries live as long as the entries.
         rest = bytes(memoryview(canonical_json({k: v for k, v in params.items() if k != "_meta"})))
+        if len(rest) > MAX_KEY_PARAMS_BYTES:
+            raise ValueError(f"params over {MAX_KEY_PARAMS_BYTES} bytes are not keyed")
     caps: bytes | None = None
     if vary_on_capabilities:
         client_caps = meta.get(CLIENT_CAPABILITIES_KEY) if type(meta) is dict else None
         # {} is the commonest set: its hash is computed once.
-        caps = _EMPTY_CAPS if client_caps == {} else hashlib.sha256(canonical_json(client_caps)).digest()
+        if not client_caps and type(client_caps) is dict:
+            caps = _EMPTY_CAPS  # the commonest set: its digest is computed once
+        else:
+            caps = hashlib.sha256(canonical_json(client_caps)).digest()
     auth = None if authorization is None else hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).digest()
     return CacheKey(upstream, request.method or "", rest, request.version or "", caps, auth)
 

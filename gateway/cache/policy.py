@@ -89,8 +89,11 @@ class CacheEntry:
         return self.hit(id_json, now)[0]
 
     def hit(self, id_json: bytes, now: float) -> tuple[bytes, int]:
-        """The response for a cache hit at ``now`` and the ``ttlMs`` it carries (what is left)."""
-        ttl_ms = self.remaining_ms(now)
+        """The response for a cache hit at ``now`` and the ``ttlMs`` it carries (what is left, as
+        :meth:`remaining_ms`, written out: every hit comes here)."""
+        ttl_ms = math.floor((self.expires_at - now) * 1000)
+        if ttl_ms < 0:
+            ttl_ms = 0
         return b"".join((_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail)), ttl_ms
 
 

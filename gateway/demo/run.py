@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from ..telemetry import quiet_server_errors
 from .servers import HOST, MCP_PATH
 
 __all__ = ["DemoError", "run_demo"]
@@ -347,6 +348,7 @@ async def _main(gateway_port: int) -> int:
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     access.propagate = False
+    quiet_server_errors()
     code, keep_logs = 1, False
     try:
         code = await _serve(gateway_port, fleet, gateway)

@@ -44,7 +44,8 @@ class Exchange:
     ``coalesced``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
     error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
     ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
-    answer stored), ``upstream_seconds`` (the time the upstream took) and ``disconnected``.
+    answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected``, and
+    ``leads`` (this request leads the coalesced misses on its key).
 
     The defaults are class attributes: one exchange is built per request, and a hit sets few.
     """
@@ -65,6 +66,7 @@ class Exchange:
     entry: CacheEntry | None = None
     upstream_seconds: float | None = None
     disconnected: bool = False
+    leads: bool = False
 
     def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:
         self.request = request

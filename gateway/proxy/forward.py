@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ..cache import STORED, CacheEntry, CacheStore, Clock, build_entry, store_outcome
+from ..cache import STORED, CacheEntry, CacheStore, Clock, Coalescer, build_entry, store_outcome
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
@@ -62,12 +62,16 @@ class Forwarder:
     request with a JSON-RPC result (the registry's "observed" versions).
     """
 
-    def __init__(self, config: GatewayConfig, store: CacheStore, metrics: GatewayMetrics, clock: Clock) -> None:
+    def __init__(
+        self, config: GatewayConfig, store: CacheStore, metrics: GatewayMetrics, clock: Clock, coalescer: Coalescer
+    ) -> None:
         self.store = store
+        self.coalescer = coalescer
         self.metrics = metrics
         self.clock = clock
         self.max_entry_bytes = config.cache.max_entry_bytes
         self.max_ttl_ms = config.cache.max_ttl_ms
+        self.write_timeout_s = config.listener.write_timeout_s
         #: With gateway auth, a caller's Authorization holds the gateway's token: never forwarded.
         self.allow_authorization = config.auth is None
         self.on_success: Callable[[str, str], None] | None = None
@@ -88,7 +92,16 @@ class Forwarder:
         """
         upstream = ex.upstream
         assert upstream is not None
-        if upstream.inflight >= upstream.config.max_inflight:
+        # A caller's listen stream stays open for as long as the caller likes: such streams have
+        # their own bound, so that they never crowd out requests.
+        listen = ex.parsed is not None and ex.parsed.method == "subscriptions/listen"
+        if listen and upstream.listening >= upstream.config.max_listen_streams:
+            raise Overloaded(
+                f"upstream {upstream.name} has {upstream.listening} listen streams open; retry later",
+                request_id=ex.request_id,
+                headers={"Retry-After": "1"},
+            )
+        if not listen and upstream.inflight >= upstream.config.max_inflight:
             raise Overloaded(
                 f"upstream {upstream.name} has {upstream.inflight} requests in flight; retry later",
                 request_id=ex.request_id,
@@ -100,7 +113,10 @@ class Forwarder:
             err.request_id = ex.request_id
             raise
         ex.fwd = fwd
-        upstream.inflight += 1  # mcp_gateway_inflight_requests reads it
+        if listen:
+            upstream.listening += 1
+        else:
+            upstream.inflight += 1  # mcp_gateway_inflight_requests reads it
         started = time.perf_counter()
         try:
             async with upstream.open(ex.request.method, ex.body, headers) as resp:
@@ -120,7 +136,10 @@ class Forwarder:
             ex.detail = "upstream-error"  # one detail only: the failure replaces the bypass reason
             raise
         finally:
-            upstream.inflight -= 1
+            if listen:
+                upstream.listening -= 1
+            else:
+                upstream.inflight -= 1
             ex.upstream_seconds = time.perf_counter() - started
 
     async def close_streams(self) -> None:
@@ -169,38 +188,79 @@ class Forwarder:
         final_size = 0
         try:
             async for chunk in upstream.iter_stream(resp):
-                await out.write(chunk)
                 if parser is not None and final is None:
                     final, final_size = _final_response(parser.feed(chunk), request_id)
-            if parser is not None and final is None:
+                    if final is not None:
+                        # Stored, and the coalesced followers answered, before this caller has
+                        # read it: a caller that stops reading holds back no one else.
+                        self._answered(ex, upstream, resp.status, final)
+                        if ex.key is not None:
+                            self._maybe_store(ex, upstream, resp.status, final, final_size)
+                await self._send(ex, out, chunk)
+                if parser is not None and final is None and parser.overflowed:
+                    # An event too large to read: an answer after it could not be seen, and
+                    # relaying it after the error below would give the caller two answers.
+                    break
+            if parser is not None and final is None and not parser.overflowed:
+                # A last line ended by a lone \r, held back in case \n followed, ends with the stream.
                 final, final_size = _final_response(parser.finish(), request_id)
+                if final is not None:
+                    self._answered(ex, upstream, resp.status, final)
+                    if ex.key is not None:
+                        self._maybe_store(ex, upstream, resp.status, final, final_size)
             if parser is not None and final is None:
-                # The upstream stopped without answering. End whatever event it left unfinished,
-                # as the caller's parser will see it, so that an error event after it is read on
-                # its own. Should that complete the answer after all, the caller has it (but it
-                # is not stored: the stream was cut).
-                await out.write(b"\n\n")
-                cut_answer, _ = _final_response(parser.feed(b"\n\n"), request_id)
-                if cut_answer is None:
-                    ex.error_code = BadGateway.code
-                    reason = "the gateway is shutting down" if self._closing else "ended the stream before answering"
-                    error = BadGateway(f"upstream {upstream.name}: {reason}", request_id=request_id)
-                    await out.write(b"event: message\ndata: " + error.body() + b"\n\n")
+                await self._end_unanswered(ex, upstream, out, parser, request_id)
         except ConnectionResetError:
-            # The caller went away: closing our side of the upstream request (on return) tells
-            # the upstream (cancellation by disconnect: MCP 2026-07-28,
-            # basic/transports/streamable-http, 'Cancellation'). Nothing is stored.
+            # The caller went away or stopped reading: closing our side of the upstream request
+            # (on return) tells the upstream (cancellation by disconnect: MCP 2026-07-28,
+            # basic/transports/streamable-http, 'Cancellation').
             ex.disconnected = True
             return out
-        if final is not None:
-            self._answered(ex, upstream, resp.status, final)
-        if ex.key is not None:
-            if final is not None:
-                self._maybe_store(ex, upstream, resp.status, final, final_size)
-            else:
-                self.metrics.cache_stores.labels(upstream.name, ex.method, "stream_broken").inc()
+        if ex.key is not None and final is None:
+            self.metrics.cache_stores.labels(upstream.name, ex.method, "stream_broken").inc()
         await out.write_eof()
         return out
+
+    async def _end_unanswered(
+        self, ex: Exchange, upstream: Upstream, out: web.StreamResponse, parser: SSEParser, request_id: object
+    ) -> None:
+        """The stream ended, or was cut, without the answer: end it with a JSON-RPC error."""
+        if not parser.overflowed:
+            # End whatever event the upstream left unfinished, as the caller's parser will see
+            # it, so that an error event after it is read on its own. Should that complete the
+            # answer after all, the caller has it (not stored: the stream was cut).
+            await self._send(ex, out, b"\n\n")
+            if _final_response(parser.feed(b"\n\n"), request_id)[0] is not None:
+                return
+        else:
+            # The oversized event went out in part: end it with a data line that no JSON can
+            # end with, so that the caller cannot take it for the answer.
+            await self._send(ex, out, b"\ndata: }\n\n")
+        ex.error_code = BadGateway.code
+        if parser.overflowed:
+            reason = f"sent an event over max_response_bytes ({upstream.config.max_response_bytes})"
+        elif self._closing:
+            reason = "the gateway is shutting down"
+        else:
+            reason = "ended the stream before answering"
+        error = BadGateway(f"upstream {upstream.name}: {reason}", request_id=request_id)
+        await self._send(ex, out, b"event: message\ndata: " + error.body() + b"\n\n")
+
+    async def _send(self, ex: Exchange, out: web.StreamResponse, data: bytes) -> None:
+        """Write ``data`` to the caller within ``listener.write_timeout_s``.
+
+        Raises:
+            ConnectionResetError: the caller went away, or stopped reading (its connection is
+                then dropped, and with it what was waiting to be sent).
+        """
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await out.write(data)
+        except TimeoutError:
+            transport = ex.request.transport
+            if transport is not None:
+                transport.abort()
+            raise ConnectionResetError(f"the caller read nothing for {self.write_timeout_s:g} s") from None
 
     def _passthrough_headers(self, ex: Exchange, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
@@ -238,6 +298,11 @@ class Forwarder:
             ex.stored_ttl_ms = entry.ttl_ms
         else:
             ex.detail = result.replace("_", "-")
+        if ex.leads:
+            # The followers learn the outcome now, not when this caller has read the whole
+            # answer: a caller that stops reading holds back no one else.
+            self.coalescer.release(ex.key, entry)
+            ex.leads = False
 
     def update_size_gauges(self) -> None:
         """``mcp_gateway_cache_entries`` and ``mcp_gateway_cache_bytes`` from the store."""

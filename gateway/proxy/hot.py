@@ -1,29 +1,33 @@
 """The cache-hit path's speed-ups, all in one place: :class:`HotProxy`, the proxy the app serves.
 
 Each override below is the fast version of one plain method of
-:class:`~gateway.proxy.handler.Proxy`, marked with the name of the method it stands in for, and
-must answer exactly as it does: ``tests/proxy/test_hot.py`` sends generated requests through a
+:class:`~gateway.proxy.handler.Proxy`, marked with the names of the methods it stands in for, and
+must answer exactly as they do: ``tests/proxy/test_hot.py`` sends generated requests through a
 gateway built on each and compares the responses byte for byte. ``create_app(..., hot_path=False)``
-serves the plain ``Proxy`` (the benchmark measures both: bench/RESULTS.md).
+(``mcp-gateway serve --plain-path``) serves the plain ``Proxy``; the benchmark measures both
+(bench/RESULTS.md).
 
-Why each is worth it, measured on a cached ``tools/list`` (bench/RESULTS.md):
+What each buys, on a cached ``tools/list``:
 
-* ``read_body``: a small POST has arrived whole before the handler runs; taking it from the
-  buffer skips ``Request.read()``'s chunk loop and copy.
+* ``handle_post``: the steps of a hit in one coroutine (``Proxy.check_origin``, ``read_body``,
+  ``answer``, ``cache_key``), the body taken from aiohttp's buffer when it is complete (a small
+  POST has arrived whole before the handler runs), instead of a chain of calls and awaits and
+  ``Request.read()``'s chunk loop and copy.
 * ``hit``: a ``200 OK`` of ready bytes built without ``web.Response``'s argument handling and
   header conversion (:class:`LeanResponse`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from multidict import CIMultiDict, istr
 
-from ..cache import CacheEntry
+from ..cache import CacheEntry, make_key
 from ..codec import id_json
-from ..errors import PayloadTooLarge
+from ..errors import Forbidden, PayloadTooLarge
 from .exchange import Exchange, hit_status
 from .handler import Proxy
 
@@ -73,17 +77,51 @@ _CACHE_STATUS: Final = istr("Cache-Status")
 
 
 class HotProxy(Proxy):
-    """:class:`Proxy` with the hit path's two speed-ups (see the module)."""
+    """:class:`Proxy` with the hit path's speed-ups (see the module)."""
 
-    async def read_body(self, request: web.Request) -> bytes:
-        # ✂ fast version of Proxy.read_body: the buffer, when the whole body is in.
-        content = request.content
-        if not content.is_eof():
-            return await super().read_body(request)
-        body = content.read_nowait()
-        if len(body) > self.max_body:
-            raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
-        return body
+    async def handle_post(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
+        # ✂ fast version of Proxy.handle_post and the steps it calls, up to a hit; anything but
+        # a fresh entry goes on through the plain methods.
+        started = time.perf_counter()
+        ex = Exchange(request, request.match_info["name"] if upstream_name is None else upstream_name)
+        response: web.StreamResponse | None = None
+        try:
+            headers = request.headers
+            origin = headers.get(hdrs.ORIGIN)  # Proxy.check_origin
+            if origin is not None and origin not in self.origins:
+                raise Forbidden(f"origin {origin!r} is not allowed")
+            content = request.content
+            if content.is_eof() and content.exception() is None:  # Proxy.read_body, whole body in
+                body = content.read_nowait()
+                if len(body) > self.max_body:
+                    raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+            else:
+                body = await self.read_body(request)
+            ex.body = body
+            parsed = self.parse(ex, body)
+            self.check_auth(request, parsed.request_id)  # Proxy.answer
+            upstream = self.upstreams.get(ex.upstream_name)
+            if upstream is None or parsed.cache_bypass is not None or not self.caching:
+                response = await self.answer(ex, parsed)  # not a lookup: the plain path
+            else:
+                ex.upstream = upstream
+                vary, forward_authorization = self.key_options[upstream.name]  # Proxy.cache_key
+                authorization = headers.get(hdrs.AUTHORIZATION, "") if forward_authorization else None
+                try:
+                    key = ex.key = make_key(upstream.name, parsed, vary, authorization)
+                except ValueError:
+                    key = None
+                if key is None:
+                    response = await self.answer(ex, parsed)  # not keyed: the plain path
+                elif (entry := self.store.get(key)) is not None:
+                    response = self.hit(ex, entry, collapsed=False)
+                else:
+                    response = await self.miss(ex, key)
+        except Exception as exc:
+            response = self.failed(ex, exc)
+        finally:
+            self.record(ex, response, started)
+        return response
         # ✂
 
     def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.Response:

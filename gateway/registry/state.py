@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ..protocol import LEGACY_VERSIONS, Era
+from ..protocol import LEGACY_VERSIONS, MODERN_VERSIONS, Era
 
 __all__ = [
     "MAX_VERSIONS",
@@ -209,11 +209,17 @@ class RegistryState:
         return all(s.probes > 0 for s in self.upstreams.values())
 
     def observe(self, upstream: str, version: str) -> None:
-        """Record that ``version`` succeeded in real traffic to ``upstream`` (cheap: hot path)."""
+        """Record that ``version`` succeeded in real traffic to ``upstream`` (cheap: hot path).
+
+        Only a version the gateway knows, or one the upstream advertised in discovery, counts:
+        any caller picks the version it sends, and an upstream that answers every version would
+        otherwise let callers write what they like into ``/registry/versions``.
+        """
         state = self.upstreams.get(upstream)
         if state is None or version in state.observed:
             return
-        if len(state.observed) < MAX_VERSIONS and is_version(version):
+        known = version in MODERN_VERSIONS or version in LEGACY_VERSIONS or version in state.advertised
+        if known and len(state.observed) < MAX_VERSIONS:
             state.observed[version] = None
 
     def aggregate(self) -> dict[str, Any]:

@@ -17,8 +17,10 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.telemetry import ACCESS_LOGGER, AccessLogHandler, accesslog
+from gateway.telemetry import ACCESS_LOGGER, AccessLogHandler, RequestRecord, accesslog
 
 from ..support.telemetry import RECORD, REQUEST_FIELDS, VALUES, lines_of, record
 
@@ -111,7 +113,8 @@ def test_durations_are_milliseconds_to_three_decimals(seconds: float) -> None:
 
 
 def test_a_line_is_what_orjson_writes_for_its_fields() -> None:
-    """Every field is written byte for byte as orjson.dumps of the same dict (escapes included)."""
+    """Every field is written byte for byte as orjson.dumps of the same dict (escapes included),
+    the duration in milliseconds with three decimals."""
     out = io.StringIO()
     handler = AccessLogHandler(out)
     values = ('up"\\é\u2028\x01', "tools/list", "POST", 200, -32602, "miss", "mcp-gateway; fwd=miss", 0.25)
@@ -124,7 +127,7 @@ def test_a_line_is_what_orjson_writes_for_its_fields() -> None:
             "level": "INFO",
             "name": ACCESS_LOGGER,
             "message": "request",
-            **dict(zip(REQUEST_FIELDS, (*values[:-1], 250.0), strict=True)),
+            **dict(zip(REQUEST_FIELDS, (*values[:-1], orjson.Fragment(b"250.000")), strict=True)),
         }
     ).decode()
     assert text == expected
@@ -195,3 +198,28 @@ async def test_a_batch_to_a_regular_file_is_one_write(tmp_path: Path) -> None:
             os.write = real_write
     assert len(lines_of(path.read_text())) == 30
     assert writes == [path.stat().st_size]
+
+
+_texts = st.text(max_size=12)
+_records = st.builds(
+    RequestRecord,
+    upstream=_texts,
+    method=st.sampled_from(["tools/list", "tools/call", "other"]),
+    http_method=st.sampled_from(["POST", "GET", "DELETE"]),
+    status=st.sampled_from([200, 202, 400, 401, 404, 499, 502, 504]),
+    jsonrpc_error=st.none() | st.integers(-(2**63), 2**63 - 1),
+    cache=st.sampled_from(["hit", "miss", "bypass"]),
+    cache_status=st.none() | _texts,
+    seconds=st.floats(0, 1e6, allow_nan=False),
+    lookup=st.none() | st.sampled_from(["hit", "miss", "coalesced", "bypass"]),
+    ended=st.just(0.0),
+    upstream_seconds=st.none() | st.floats(0, 100),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=st.lists(_records, min_size=1, max_size=6), created=st.floats(1e9, 2e9))
+def test_the_remembered_line_is_the_plain_line_byte_for_byte(records: list[RequestRecord], created: float) -> None:
+    handler = AccessLogHandler(io.StringIO())
+    for r in records + records:  # the second time from the remembered text
+        assert handler.line(r, created) == handler.plain_line(r, created)
