@@ -81,7 +81,8 @@ class ListenerConfig(_Model):
     write_timeout_s: float = Field(
         DEFAULT_WRITE_TIMEOUT_S,
         gt=0,
-        description="A caller that reads nothing of a streamed answer for this long is disconnected, in seconds.",
+        description="A caller that reads nothing of a streamed answer for this long, or has not read a large "
+        "(over 64 KiB) answer whole in this time, is disconnected, in seconds.",
     )
 
 

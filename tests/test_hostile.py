@@ -10,6 +10,7 @@ and shows the gateway now holds. Every load is bounded in requests and time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import sys
@@ -242,6 +243,54 @@ async def test_coalesced_followers_are_answered_while_the_leader_reads_nothing(
     assert all(s.startswith("mcp-gateway") for s in statuses)
     assert upstream.count("tools/list") <= 4
     writer.close()
+
+
+async def test_callers_that_read_nothing_of_a_large_hit_are_dropped_at_the_write_deadline(
+    start_upstream: StartUpstream, start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    """40 non-reading callers of a large hit held 266 MiB for as long as they stayed connected."""
+    size = 8 << 20
+
+    async def large_public_list(request: web.Request, msg: Any) -> web.StreamResponse:
+        answer = list_result(msg["id"])
+        answer["result"]["padding"] = "p" * size
+        return web.json_response(answer)
+
+    upstream = await start_upstream(large_public_list)
+    limits = {"max_entry_bytes": 64 << 20, "max_bytes": 256 << 20}
+    config = gateway_config(upstream, cache=limits, listener={"write_timeout_s": 1.0}, upstream={
+        "max_response_bytes": 64 << 20
+    })
+    gw = await start_gateway(config)
+    async with http.post(gw.url("up"), json=rpc("tools/list"), headers=mcp_headers("tools/list")) as resp:
+        assert resp.status == 200 and len(await resp.read()) > size  # stored
+    port = gw.server.port
+    assert port is not None
+    body = json.dumps(rpc("tools/list", "slow")).encode()
+    head = b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        f"{k}: {v}\r\n".encode() for k, v in mcp_headers("tools/list").items()
+    ) + b"Content-Length: %d\r\n\r\n" % len(body)
+
+    async def slow_reader() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head + body)
+        await writer.drain()
+        reader._transport.pause_reading()  # type: ignore[attr-defined]
+        await asyncio.sleep(3.0)  # reads nothing, well past the deadline
+        reader._transport.resume_reading()  # type: ignore[attr-defined]
+        received = 0
+        with contextlib.suppress(ConnectionError):
+            async with asyncio.timeout(10):
+                while chunk := await reader.read(1 << 20):
+                    received += len(chunk)
+        writer.close()
+        return received
+
+    received = await asyncio.gather(*(slow_reader() for _ in range(10)))
+    assert all(r < size for r in received), received  # dropped, not kept waiting with the answer
+    async with http.post(gw.url("up"), json=rpc("tools/list", 2), headers=mcp_headers("tools/list")) as resp:
+        assert resp.status == 200 and "hit" in resp.headers["Cache-Status"]
+        assert len(await resp.read()) > size  # a caller that reads gets it whole
 
 
 # -- 6, 7. odd bytes are the caller's error, not the gateway's ---------------------------------------

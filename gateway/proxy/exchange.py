@@ -20,9 +20,12 @@ if TYPE_CHECKING:
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
-__all__ = ["CACHE_NAME", "Exchange", "hit_status"]
+__all__ = ["CACHE_NAME", "LARGE_BODY_BYTES", "Exchange", "hit_status"]
 
 CACHE_NAME: Final = "mcp-gateway"
+#: A body over this many bytes may not fit what the connection buffers before writing waits
+#: for the caller to read (aiohttp's writer limit): it is written under the write deadline.
+LARGE_BODY_BYTES: Final = 64 * 1024
 
 
 def hit_status(ttl_ms: int, collapsed: bool) -> str:
@@ -44,8 +47,9 @@ class Exchange:
     ``coalesced``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
     error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
     ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
-    answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected``, and
-    ``leads`` (this request leads the coalesced misses on its key).
+    answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected``,
+    ``leads`` (this request leads the coalesced misses on its key) and ``large`` (the answer's
+    body is large enough to be written under the write deadline).
 
     The defaults are class attributes: one exchange is built per request, and a hit sets few.
     """
@@ -67,6 +71,7 @@ class Exchange:
     upstream_seconds: float | None = None
     disconnected: bool = False
     leads: bool = False
+    large: bool = False
 
     def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:
         self.request = request

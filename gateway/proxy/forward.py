@@ -25,7 +25,7 @@ from ..protocol import response_id_matches
 from ..sse import SSEParser
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
-from .exchange import Exchange
+from .exchange import LARGE_BODY_BYTES, Exchange
 
 __all__ = ["Forwarder", "error_code"]
 
@@ -170,6 +170,7 @@ class Forwarder:
         self._answered(ex, upstream, status, message)
         if ex.key is not None:
             self._maybe_store(ex, upstream, status, message, len(data))
+        ex.large = len(data) > LARGE_BODY_BYTES
         return web.Response(body=data, status=status, headers=self._passthrough_headers(ex, resp))
 
     async def _relay_stream(self, ex: Exchange, upstream: Upstream, resp: aiohttp.ClientResponse) -> web.StreamResponse:

@@ -38,7 +38,7 @@ from ..errors import (
 from ..protocol import ParsedRequest, method_label, parse_request
 from ..telemetry import ACCESS_LOGGER, GatewayMetrics, RequestJournal, RequestRecord
 from ..upstream import Upstream
-from .exchange import Exchange, hit_status
+from .exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from .forward import Forwarder
 
 __all__ = ["Proxy"]
@@ -98,6 +98,8 @@ class Proxy:
             self.check_origin(request)
             ex.body = await self.read_body(request)
             response = await self.answer(ex, self.parse(ex, ex.body))
+            if ex.large:
+                await self.send(ex, response)
         except Exception as exc:
             response = self.failed(ex, exc)
         finally:
@@ -239,7 +241,24 @@ class Proxy:
         ex.lookup = "coalesced" if collapsed else "hit"
         body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
         ex.hit = hit_status(ttl_ms, collapsed)
+        ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
+
+    async def send(self, ex: Exchange, response: web.StreamResponse) -> None:
+        """Write a large answer now, within ``listener.write_timeout_s``: a caller that stops
+        reading is disconnected at the deadline, and what was waiting to be sent to it is freed
+        (aiohttp then finds the answer written, or the connection gone)."""
+        request = ex.request
+        try:
+            async with asyncio.timeout(self.forwarder.write_timeout_s):
+                await response.prepare(request)
+                await response.write_eof()  # hands the body to the transport, all of it
+                await request.writer.drain()  # until what the transport holds is small again
+        except TimeoutError:
+            ex.disconnected = True
+            transport = request.transport
+            if transport is not None:
+                transport.abort()
 
     # -- answers and bookkeeping --------------------------------------------------------------
 

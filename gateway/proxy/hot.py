@@ -28,7 +28,7 @@ from multidict import CIMultiDict, istr
 from ..cache import CacheEntry, make_key
 from ..codec import id_json
 from ..errors import Forbidden, PayloadTooLarge
-from .exchange import Exchange, hit_status
+from .exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from .handler import Proxy
 
 __all__ = ["LEAN_RESPONSES", "HotProxy", "LeanResponse"]
@@ -117,6 +117,8 @@ class HotProxy(Proxy):
                     response = self.hit(ex, entry, collapsed=False)
                 else:
                     response = await self.miss(ex, key)
+            if ex.large:  # Proxy.handle_post
+                await self.send(ex, response)
         except Exception as exc:
             response = self.failed(ex, exc)
         finally:
@@ -132,6 +134,7 @@ class HotProxy(Proxy):
         ex.lookup = "coalesced" if collapsed else "hit"
         body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
         ex.hit = hit_status(ttl_ms, collapsed)
+        ex.large = len(body) > LARGE_BODY_BYTES
         headers = _JSON_HEADERS.copy()
         headers[_CACHE_STATUS] = ex.hit
         return LeanResponse(body, headers)
