@@ -13,6 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
+
 __all__ = ["SERVER_LOGGER", "ServerErrorFilter", "quiet_server_errors"]
 
 #: aiohttp's logger for its request handler.
@@ -50,9 +53,12 @@ class ServerErrorFilter(logging.Filter):
             self._dropped += 1
             return False
         exc = record.exc_info[1] if record.exc_info else None
-        # The message aiohttp writes is fixed text ("Error handling request", ...); its args and
-        # the exception's text may hold the request, so neither is kept.
-        summary = str(record.msg)[:80]
+        # aiohttp's message is fixed text ("Error handling request from %s", "Unhandled
+        # exception"); its args and the exception's text may hold the request: none is kept.
+        if isinstance(exc, (HttpProcessingError, RequestPayloadError)):
+            summary = "refused a request it could not parse"  # "Unhandled exception" is aiohttp's word
+        else:
+            summary = str(record.msg).replace(" from %s", "").replace("%s", "?")[:80]
         record.msg = "%s (%s)" + (" [%d similar lines dropped]" if self._dropped else "")
         record.args = (summary, type(exc).__name__ if exc is not None else "no exception", self._dropped)[
             : 3 if self._dropped else 2
