@@ -87,6 +87,25 @@ def status_and_json(raw: bytes) -> tuple[int, Any]:
     return int(head.split(b" ", 2)[1]), json.loads(body) if body else None
 
 
+def raw_tools_list(request_id: str) -> bytes:
+    """A whole ``tools/list`` POST to upstream ``up``, as bytes for a raw socket."""
+    body = json.dumps(rpc("tools/list", request_id)).encode()
+    head = "POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\n" + "".join(
+        f"{k}: {v}\r\n" for k, v in mcp_headers("tools/list").items()
+    )
+    return head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def large_answers(fake: FakeUpstream) -> dict[str, Any]:
+    """A config that stores answers of tens of MiB, and drops a non-reading caller after 1 s."""
+    return gateway_config(
+        fake,
+        cache={"max_entry_bytes": 64 << 20, "max_bytes": 256 << 20},
+        listener={"write_timeout_s": 1.0},
+        upstream={"max_response_bytes": 64 << 20},
+    )
+
+
 # -- 1. one request, one meaning -------------------------------------------------------------------
 
 
@@ -211,19 +230,11 @@ async def test_coalesced_followers_are_answered_while_the_leader_reads_nothing(
         return out
 
     upstream = await start_upstream(big_public_list)
-    limits = {"max_entry_bytes": 64 << 20, "max_bytes": 256 << 20}
-    config = gateway_config(upstream, cache=limits, listener={"write_timeout_s": 1.0}, upstream={
-        "max_response_bytes": 64 << 20
-    })
-    gw = await start_gateway(config)
+    gw = await start_gateway(large_answers(upstream))
     port = gw.server.port
     assert port is not None
-    body = json.dumps(rpc("tools/list", "leader")).encode()
-    head = b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\n" + b"".join(
-        f"{k}: {v}\r\n".encode() for k, v in mcp_headers("tools/list").items()
-    ) + b"Content-Length: %d\r\n\r\n" % len(body)
     _, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(head + body)  # and never read
+    writer.write(raw_tools_list("leader"))  # and never read
     await writer.drain()
     await asyncio.sleep(0.1)
 
@@ -257,23 +268,15 @@ async def test_callers_that_read_nothing_of_a_large_hit_are_dropped_at_the_write
         return web.json_response(answer)
 
     upstream = await start_upstream(large_public_list)
-    limits = {"max_entry_bytes": 64 << 20, "max_bytes": 256 << 20}
-    config = gateway_config(upstream, cache=limits, listener={"write_timeout_s": 1.0}, upstream={
-        "max_response_bytes": 64 << 20
-    })
-    gw = await start_gateway(config)
+    gw = await start_gateway(large_answers(upstream))
     async with http.post(gw.url("up"), json=rpc("tools/list"), headers=mcp_headers("tools/list")) as resp:
         assert resp.status == 200 and len(await resp.read()) > size  # stored
     port = gw.server.port
     assert port is not None
-    body = json.dumps(rpc("tools/list", "slow")).encode()
-    head = b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\n" + b"".join(
-        f"{k}: {v}\r\n".encode() for k, v in mcp_headers("tools/list").items()
-    ) + b"Content-Length: %d\r\n\r\n" % len(body)
 
     async def slow_reader() -> int:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(head + body)
+        writer.write(raw_tools_list("slow"))
         await writer.drain()
         reader._transport.pause_reading()  # type: ignore[attr-defined]
         await asyncio.sleep(3.0)  # reads nothing, well past the deadline
