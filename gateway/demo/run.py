@@ -268,7 +268,7 @@ def _banner(port: int, children: Sequence[_Child], log_dir: Path) -> str:
         _curl(notes, "tools/list") + grep,
         "",
         "# 4. A tool call (Mcp-Name carries the tool name); tool calls are never cached:",
-        "#    'Cache-Status: mcp-gateway; fwd=bypass; detail=uncacheable'",
+        "#    'Cache-Status: mcp-gateway; fwd=bypass; fwd-status=200; detail=uncacheable'",
         _curl(weather, "tools/call", {"name": "get_forecast", "arguments": {"city": "Lisbon"}}, name="get_forecast"),
         "",
         "# 5. The cache counters (hits, misses, stores by outcome):",
