@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -29,7 +25,7 @@ import orjson
 from aiohttp import web
 
 from .support.clock import FakeClock
-from .support.fleet import HOST, SERVERS_DIR, Upstream, run_server
+from .support.fleet import SERVERS_DIR, Upstream, run_server
 
 ROOT = SERVERS_DIR.parent.parent
 LEGACY_PYTHON = ROOT / ".tools" / "legacy-venv" / "bin" / "python"
@@ -41,29 +37,14 @@ SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
 class run_legacy_server(run_server):
     """``run_server("legacy_upstream")`` under ``.tools/legacy-venv/bin/python``.
 
-    ``port`` may be one a stopped server just used (uvicorn binds with SO_REUSEADDR).
+    ``port`` may be one a stopped server just used (uvicorn binds with SO_REUSEADDR), which
+    ``run_server`` itself would refuse as taken.
     """
 
     def __init__(self, *, port: int | None = None) -> None:
-        super().__init__("legacy_upstream")
+        super().__init__("legacy_upstream", python=LEGACY_PYTHON)
         if port is not None:
             self.port = port
-
-    def _start(self) -> Upstream:
-        fd, log_name = tempfile.mkstemp(prefix=f"legacy_upstream-{self.port}-", suffix=".log")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with os.fdopen(fd, "wb") as log:
-            proc = subprocess.Popen(
-                [str(LEGACY_PYTHON), str(self.script_path), str(self.port)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(ROOT),
-            )
-        base = f"http://{HOST}:{self.port}"
-        self.upstream = Upstream(f"{base}/mcp", base, self.port, proc, Path(log_name))
-        return self.upstream
 
 
 async def legacy_requests(up: Upstream) -> list[dict[str, Any]]:
