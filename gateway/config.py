@@ -19,6 +19,7 @@ __all__ = [
     "AdminConfig",
     "AuthConfig",
     "CacheConfig",
+    "ClusterConfig",
     "ConfigError",
     "GatewayConfig",
     "ListenerConfig",
@@ -49,6 +50,8 @@ DEFAULT_PROBE_TIMEOUT_S: Final = 10.0
 DEFAULT_BACKOFF_BASE_S: Final = 1.0
 DEFAULT_BACKOFF_MAX_S: Final = 120.0
 DEFAULT_SERVER_NAMESPACE: Final = "local.mcp-gateway"
+DEFAULT_KEY_PREFIX: Final = "mcp-gateway"
+DEFAULT_REDIS_TIMEOUT_S: Final = 0.25
 
 UPSTREAM_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -219,6 +222,51 @@ class RegistryConfig(_Model):
         return self
 
 
+class ClusterConfig(_Model):
+    """Shared state on Redis: every replica and worker naming the same ``redis_url`` and
+    ``key_prefix`` is one gateway (README, "Running many replicas")."""
+
+    redis_url: str = Field(
+        description="redis://[user:password@]host[:port][/db] or rediss:// for TLS; put a password "
+        "in as ${ENV}."
+    )
+    key_prefix: str = Field(
+        DEFAULT_KEY_PREFIX,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
+        description="Every Redis key and channel of this gateway starts with it.",
+    )
+    timeout_s: float = Field(
+        DEFAULT_REDIS_TIMEOUT_S,
+        gt=0,
+        le=5,
+        description="Bound on each Redis call (connect included), in seconds: past it the call is "
+        "given up and the caller served without Redis.",
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        try:
+            url = urlsplit(value)
+            port = url.port
+        except ValueError as exc:
+            raise ValueError(f"not a Redis URL: {exc}") from None
+        if url.scheme not in ("redis", "rediss"):
+            raise ValueError("must start with redis:// or rediss://")
+        if not url.hostname:
+            raise ValueError("names no host")
+        if port == 0:
+            raise ValueError("port 0 is not a Redis port")
+        db = url.path.lstrip("/")
+        if db and not db.isdigit():
+            raise ValueError(f"database {db!r} is not a number")
+        if url.query or url.fragment:
+            raise ValueError("takes no query or fragment (timeouts are [cluster] keys)")
+        return value
+
+
 class GatewayConfig(_Model):
     """The whole config file (README, "Configuration")."""
 
@@ -228,6 +276,9 @@ class GatewayConfig(_Model):
     admin: AdminConfig | None = None
     registry: RegistryConfig = Field(
         RegistryConfig(), description="Live registry: discovery probes and listen streams (on by default)."
+    )
+    cluster: ClusterConfig | None = Field(
+        None, description="Shared cache, single flight, invalidation and probing on Redis (default: none)."
     )
     upstreams: Mapping[Annotated[str, Field(pattern=UPSTREAM_NAME_PATTERN)], UpstreamConfig] = Field(
         default_factory=dict, description="The upstreams, by name."

@@ -231,6 +231,36 @@ class GatewayMetrics:
             registry=registry,
         )
 
+        # The shared tier ([cluster]): all zero without it.
+        self.cluster_up = Gauge(
+            "cluster_up",
+            "1 while the shared tier (Redis) answers, 0 while the gateway serves without it; "
+            "absent without [cluster].",
+            namespace=ns,
+            registry=registry,
+        )
+        self.cluster_errors = Counter(
+            "cluster_errors",
+            "Redis calls that failed, timed out or read back a corrupt value, by operation.",
+            ["operation"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.cluster_reads = Counter(
+            "cluster_reads",
+            "Shared-tier lookups after a local miss, by result (hit, miss, corrupt, error).",
+            ["result"],
+            namespace=ns,
+            registry=registry,
+        )
+        self.cluster_leases = Gauge(
+            "cluster_leases_held",
+            "1 for each upstream this process probes and listens to for the cluster.",
+            ["upstream"],
+            namespace=ns,
+            registry=registry,
+        )
+
     def evicted(self, reason: str, count: int) -> None:
         """Count ``count`` evictions for ``reason``."""
         self.cache_evictions.labels(reason).inc(count)
