@@ -187,7 +187,7 @@ def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
 class GatewayMetrics:
     """Every metric the gateway exports (README, "Metrics")."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, cluster: bool = False) -> None:
         self.registry = registry
         ns = "mcp_gateway"
         # The three families every request updates, cache hits included: batched (see class).
@@ -231,13 +231,13 @@ class GatewayMetrics:
             registry=registry,
         )
 
-        # The shared tier ([cluster]): all zero without it.
+        # The shared tier ([cluster]). cluster_up exists only with it: an alert on it being 0
+        # must not fire for a gateway that has no shared tier.
         self.cluster_up = Gauge(
             "cluster_up",
-            "1 while the shared tier (Redis) answers, 0 while the gateway serves without it; "
-            "absent without [cluster].",
+            "1 while the shared tier (Redis) answers, 0 while the gateway serves without it.",
             namespace=ns,
-            registry=registry,
+            registry=registry if cluster else None,
         )
         self.cluster_errors = Counter(
             "cluster_errors",
