@@ -15,7 +15,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .auth import bearer_matches
-from .cache import Clock, MemoryStore
+from .cache import Clock, Invalidation, MemoryStore
+from .cluster import Cluster
+from .cluster.workers import WorkerBus
 from .config import GatewayConfig
 from .errors import Unauthorized, error_response
 from .protocol import KNOWN_METHODS
@@ -24,7 +26,7 @@ from .registry import Registry, RegistryViews
 from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
-__all__ = ["CONFIG", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
+__all__ = ["CLUSTER", "CONFIG", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
 
 CONFIG: Final = web.AppKey("config", GatewayConfig)
 METRICS: Final = web.AppKey("metrics", GatewayMetrics)
@@ -34,6 +36,8 @@ PROXY: Final = web.AppKey("proxy", Proxy)
 READY: Final = web.AppKey("ready", list[bool])
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REGISTRY: Final = web.AppKey("registry", Registry)
+CLUSTER: Final = web.AppKey("cluster", Cluster)
+WORKER_BUS: Final = web.AppKey("worker_bus", WorkerBus)
 
 
 def create_app(
@@ -44,6 +48,7 @@ def create_app(
     rng: Callable[[], float] = random.random,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     hot_path: bool = True,
+    worker_bus: str | None = None,
 ) -> web.Application:
     """Build the gateway for ``config``.
 
@@ -54,12 +59,16 @@ def create_app(
     listen streams; not with ``registry.enabled = false``) are started and stopped in ``cleanup_ctx``.
     ``hot_path=False`` serves the MCP routes with the plain :class:`~gateway.proxy.Proxy` instead
     of :class:`~gateway.proxy.HotProxy` (the same answers; for the benchmark and the tests).
+    ``worker_bus`` is the directory of a ``--workers`` group's bus (without ``[cluster]``), through
+    which purges and notifications reach the other workers (:mod:`gateway.cluster.workers`).
     """
     # No app-wide middleware: the MCP routes answer their own unexpected errors as JSON-RPC
     # (Proxy.internal_error), and a middleware costs every cache hit ~8% (bench/RESULTS.md). Other
     # routes get aiohttp's plain 500, which never carries a traceback either.
     app = web.Application(client_max_size=config.listener.max_body_bytes)
-    metrics = GatewayMetrics(metrics_registry if metrics_registry is not None else CollectorRegistry())
+    metrics = GatewayMetrics(
+        metrics_registry if metrics_registry is not None else CollectorRegistry(), cluster=config.cluster is not None
+    )
     store = MemoryStore(
         max_entries=config.cache.max_entries,
         max_bytes=config.cache.max_bytes,
@@ -67,9 +76,36 @@ def create_app(
         on_evict=metrics.evicted,
     )
     upstreams: dict[str, Upstream] = {}
-    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock)
-    registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep)
+    cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None
+    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock, cluster)
+    registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep, cluster=cluster)
     proxy.on_success = registry.observe
+    if cluster is not None:
+        app[CLUSTER] = cluster
+        registry.invalidate = cluster.invalidate_soon
+        cluster.on_purged = lambda _count: proxy.update_size_gauges()
+
+        async def shared_tier(app: web.Application) -> AsyncIterator[None]:
+            await cluster.start()
+            yield
+            await cluster.stop()
+
+        app.cleanup_ctx.append(shared_tier)
+    elif worker_bus is not None:
+        bus = app[WORKER_BUS] = WorkerBus(worker_bus, lambda inv, reason: _purged(store, proxy, inv, reason))
+
+        def invalidate_everywhere(invalidation: Invalidation, reason: str) -> int:
+            bus.broadcast(invalidation, reason)
+            return store.purge(invalidation, reason)
+
+        registry.invalidate = invalidate_everywhere
+
+        async def worker_bus_ctx(app: web.Application) -> AsyncIterator[None]:
+            bus.start()
+            yield
+            bus.stop()
+
+        app.cleanup_ctx.append(worker_bus_ctx)
     app[CONFIG] = config
     app[METRICS] = metrics
     app[STORE] = store
@@ -88,7 +124,7 @@ def create_app(
         )
         for name, up_config in config.upstreams.items():
             upstream = upstreams[name] = Upstream(name, up_config, session)
-            metrics.inflight.labels(name).set_function(_inflight_of(upstream))
+            metrics.track_inflight(name, _inflight_of(upstream))
         app[READY][0] = True
         yield
         app[READY][0] = False
@@ -111,6 +147,7 @@ def create_app(
     app.on_cleanup.append(drain_journal)
     app.cleanup_ctx.append(client_session)
     app.cleanup_ctx.append(registry_tasks)
+    app.cleanup_ctx.append(metrics.sampling)  # in a process group only: gauges to the shared files
 
     # The MCP routes: one exact path per configured upstream, its name bound to the handler,
     # found with one dict lookup (aiohttp indexes plain paths), where the pattern route costs
@@ -136,6 +173,12 @@ def create_app(
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", _purge)
     return app
+
+
+def _purged(store: MemoryStore, proxy: Proxy, invalidation: Invalidation, reason: str) -> None:
+    """Another worker's invalidation, applied here."""
+    if store.purge(invalidation, reason):
+        proxy.update_size_gauges()
 
 
 def _metrics_view(config: GatewayConfig, exposition: Handler) -> Handler:
@@ -185,9 +228,14 @@ async def _purge(request: web.Request) -> web.Response:
         return web.json_response({"error": f"unknown upstream {upstream!r}"}, status=400)
     if method is not None and method not in KNOWN_METHODS:
         return web.json_response({"error": f"unknown method {method!r}"}, status=400)
-    store = request.app[STORE]
-    count = store.purge(
-        lambda k: (upstream is None or k.upstream == upstream) and (method is None or k.method == method), "purge"
-    )
+    invalidation = Invalidation(upstream, None if method is None else (method,))
+    cluster = request.app.get(CLUSTER)
+    if cluster is not None:
+        count = await cluster.invalidate(invalidation, "purge")  # every replica, and the shared tier
+    else:
+        count = request.app[STORE].purge(invalidation, "purge")
+        bus = request.app.get(WORKER_BUS)
+        if bus is not None:
+            bus.broadcast(invalidation, "purge")  # the other workers of this process group
     request.app[PROXY].update_size_gauges()
     return web.json_response({"purged": count})

@@ -5,18 +5,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import glob
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 from aiohttp import web
+from prometheus_client.multiprocess import mark_process_dead
 
 from .config import ConfigError, GatewayConfig, load_config
-from .telemetry import ACCESS_LOGGER, AccessLogHandler, quiet_server_errors
+from .telemetry import ACCESS_LOGGER, MULTIPROC_DIR_ENV, AccessLogHandler, MultiProcessRegistry, quiet_server_errors
 
 __all__ = ["main"]
 
@@ -142,13 +147,19 @@ def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
     return socks
 
 
-def run_workers(socks: Sequence[socket.socket], run_one: Callable[[socket.socket], None]) -> int:
+def run_workers(
+    socks: Sequence[socket.socket],
+    run_one: Callable[[socket.socket], None],
+    *,
+    on_exit: Callable[[int], None] | None = None,
+) -> int:
     """Fork one worker process per socket, each calling ``run_one(sock)``; supervise them.
 
     SIGINT/SIGTERM to this (parent) process stop every worker (SIGTERM, which
     ``aiohttp.web.run_app`` turns into a graceful shutdown). If a worker dies on its own,
     the others are stopped too and the exit status is 1: the process supervisor (systemd,
     Kubernetes) restarts the whole gateway, so no worker silently goes missing.
+    ``on_exit(pid)`` is called once each worker has exited and been reaped.
     """
     log = logging.getLogger("mcp_gateway")
     workers: dict[int, int] = {}
@@ -191,11 +202,33 @@ def run_workers(socks: Sequence[socket.socket], run_one: Callable[[socket.socket
             continue
         index = workers.pop(pid)
         code = os.waitstatus_to_exitcode(wait_status)
+        if on_exit is not None:
+            on_exit(pid)
         if not stopping:
             log.error("worker %d (pid %d) exited with %d; stopping the others", index, pid, code)
             status = 1
             stop(signal.SIGTERM, None)
     return status
+
+
+@contextlib.contextmanager
+def metrics_dir() -> Iterator[str]:
+    """The directory of a process group's metric files (prometheus_client multiprocess mode):
+    ``$PROMETHEUS_MULTIPROC_DIR`` when the operator set it (created if missing; the ``*.db``
+    files of an earlier run removed first, as prometheus_client advises, and left at exit), else
+    a new temporary directory, removed at exit."""
+    given = os.environ.get(MULTIPROC_DIR_ENV)
+    if given:
+        os.makedirs(given, exist_ok=True)
+        for stale in glob.glob(os.path.join(glob.escape(given), "*.db")):
+            os.remove(stale)
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="mcp-gateway-metrics-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(
@@ -211,8 +244,11 @@ def serve(
     the exit status.
 
     ``workers`` > 1 runs that many processes accepting on one port (``SO_REUSEPORT``,
-    Linux). Each worker has its own cache, coalescing and metrics: a cold key is fetched
-    upstream once per worker, and ``/metrics`` answers for the worker it reached.
+    Linux). Each worker has its own cache and coalescing: without ``[cluster]`` a cold key is
+    fetched upstream once per worker; purges and listen-stream notifications reach every
+    worker. The metrics are the group's: the workers keep them in files in :func:`metrics_dir`
+    (prometheus_client multiprocess mode), and ``/metrics``, whichever worker answers it,
+    reports the sum over all of them (``gateway.telemetry.metrics``).
     """
     from .app import create_app
 
@@ -220,9 +256,11 @@ def serve(
     bind_port = config.listener.port if port is None else port
     log = logging.getLogger("mcp_gateway")
 
-    def run_one(sock: socket.socket | None) -> None:
+    def run_one(sock: socket.socket | None, group_dir: str | None = None, bus_dir: str | None = None) -> None:
+        # In the worker, after the fork: its metrics are created here, in multiprocess mode.
+        registry = None if group_dir is None else MultiProcessRegistry(group_dir)
         web.run_app(
-            create_app(config, hot_path=hot_path),
+            create_app(config, hot_path=hot_path, metrics_registry=registry, worker_bus=bus_dir),
             host=None if sock else bind_host,
             port=None if sock else bind_port,
             sock=sock,
@@ -238,7 +276,14 @@ def serve(
         return 0
     socks = bind_sockets(bind_host, bind_port, workers)
     log.info("serving on %s:%d with %d workers", bind_host, socks[0].getsockname()[1], workers)
-    return run_workers(socks, run_one)
+    with metrics_dir() as path, tempfile.TemporaryDirectory(prefix="mcp-gateway-bus-") as bus_dir:
+        return run_workers(
+            socks,
+            # Without [cluster], purges and notifications reach the other workers through a bus
+            # (gateway.cluster.workers); with it, through Redis, as they reach other replicas.
+            functools.partial(run_one, group_dir=path, bus_dir=None if config.cluster else bus_dir),
+            on_exit=functools.partial(mark_process_dead, path=path),  # its live* gauges leave the sums
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,7 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workers",
         type=_positive_int,
         default=os.environ.get("MCP_GATEWAY_WORKERS", "1"),
-        help="worker processes sharing the port via SO_REUSEPORT, each with its own cache (default 1)",
+        help="worker processes sharing the port via SO_REUSEPORT, each with its own cache; "
+        "/metrics reports the sum over them (default 1)",
     )
     p_serve.add_argument(
         "--loop",

@@ -251,8 +251,12 @@ class ClusterConfig(_Model):
         try:
             url = urlsplit(value)
             port = url.port
-        except ValueError as exc:
-            raise ValueError(f"not a Redis URL: {exc}") from None
+        except ValueError:
+            # Not the parser's message: it may quote part of a password.
+            raise ValueError(
+                "not a Redis URL (a port that is not a number from 1 to 65535? percent-encode "
+                "'/', '@' and ':' in a password)"
+            ) from None
         if url.scheme not in ("redis", "rediss"):
             raise ValueError("must start with redis:// or rediss://")
         if not url.hostname:

@@ -2,7 +2,9 @@
 # Install the test tools into .tools/:
 #  1. the pinned node 22 runtime and the official MCP conformance suite (npm);
 #  2. .tools/legacy-venv, a separate Python virtual environment with mcp==1.30.0, which runs the
-#     legacy-only upstream of the registry tests (tests/servers/legacy_upstream.py).
+#     legacy-only upstream of the registry tests (tests/servers/legacy_upstream.py);
+#  3. redis-server (Debian package `redis-server`) when it is not on PATH: the cluster tests
+#     (tests/cluster/) start their own on a free 127.0.0.1 port. apt-get needs root (or sudo).
 # Idempotent: each step does nothing when its pinned versions are already present.
 set -euo pipefail
 
@@ -44,3 +46,26 @@ if [[ "$(legacy_mcp_version)" != "$LEGACY_MCP_VERSION" ]]; then
     "$legacy/bin/pip" install -q --disable-pip-version-check "mcp==$LEGACY_MCP_VERSION" >/dev/null
     [[ "$(legacy_mcp_version)" == "$LEGACY_MCP_VERSION" ]]
 fi
+
+# redis-server: from the distribution, found on PATH by the tests (tests/support/redis.py).
+if ! command -v redis-server >/dev/null 2>&1; then
+    as_root=()
+    if [[ "$(id -u)" != 0 ]]; then
+        if command -v sudo >/dev/null 2>&1; then
+            as_root=(sudo)
+        else
+            echo "install-tools: redis-server is missing and this is not root (and there is no sudo):" \
+                "run 'apt-get update && apt-get install -y redis-server' as root" >&2
+            exit 1
+        fi
+    fi
+    echo "install-tools: installing redis-server (Debian package redis-server)" >&2
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        redis-server >/dev/null
+    command -v redis-server >/dev/null 2>&1 || {
+        echo "install-tools: redis-server installed but not on PATH (PATH=$PATH)" >&2
+        exit 1
+    }
+fi
+redis-server --version >/dev/null

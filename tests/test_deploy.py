@@ -42,12 +42,19 @@ KNOWN_METRICS = {
     "mcp_gateway_upstream_up",
     "mcp_gateway_upstream_supported_version",
     "mcp_gateway_inflight_requests",
+    # with [cluster]
+    "mcp_gateway_cluster_up",
+    "mcp_gateway_cluster_errors_total",
+    "mcp_gateway_cluster_reads_total",
+    "mcp_gateway_cluster_leases_held",
 }
 REQUIRED_ALERTS = {
     "MCPGatewayUpstreamDown",
     "MCPGatewayHighErrorRate",
     "MCPGatewayCacheHitRatioCollapse",
     "MCPGatewayHighP99Latency",
+    "MCPGatewaySharedTierDown",
+    "MCPGatewaySharedTierErrors",
 }
 
 
@@ -195,6 +202,28 @@ def test_alerts_and_dashboard_only_use_exported_metrics():
     assert used <= KNOWN_METRICS, f"unknown metrics: {sorted(used - KNOWN_METRICS)}"
 
 
+def test_known_metrics_are_what_the_gateway_exports():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.telemetry import GatewayMetrics
+
+    registry = CollectorRegistry()
+    GatewayMetrics(registry, cluster=True)
+    exported = set(re.findall(r"^# TYPE (\S+) ", generate_latest(registry).decode(), re.M))
+    assert exported == KNOWN_METRICS
+
+
+def test_hit_ratios_count_hits_from_the_shared_tier():
+    """A lookup answered from Redis (result="shared") is a hit wherever a hit ratio is computed."""
+    texts = {"alerts.yml": (PROM / "alerts.yml").read_text(), "dashboard": DASHBOARD.read_text()}
+    for name, text in texts.items():
+        results = re.findall(r'cache_lookups_total\{[^}]*result=~?\\?"([^"\\]*)', text)
+        assert results, name
+        for matched in results:
+            if "hit" in matched.split("|"):
+                assert "shared" in matched.split("|"), f"{name}: result=~{matched!r} leaves out shared hits"
+
+
 # ------------------------------------------------------------- grafana
 def test_dashboard_check_and_promql_parse():
     promtool = promtool_path()
@@ -212,7 +241,7 @@ def test_dashboard_content():
     panels = [p for p in dash["panels"] if p["type"] != "row"]
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
     # what the dashboard must show
-    assert 'result=~"hit|coalesced"' in exprs  # hit ratio
+    assert 'result=~"hit|coalesced|shared"' in exprs  # hit ratio (shared: a hit from Redis)
     assert "mcp_gateway_requests_total" in exprs  # traffic
     assert "histogram_quantile(0.99" in exprs  # latency
     assert "mcp_gateway_upstream_up" in exprs  # health
@@ -223,6 +252,10 @@ def test_dashboard_content():
     # traffic and latency are broken down per upstream
     assert "sum by (upstream) (rate(mcp_gateway_requests_total" in exprs
     assert "sum by (upstream, le) (rate(mcp_gateway_request_duration_seconds_bucket" in exprs
+    # the shared tier ([cluster]): up per instance, reads by result, errors by operation
+    assert "min by (instance) (mcp_gateway_cluster_up" in exprs
+    assert "sum by (result) (rate(mcp_gateway_cluster_reads_total" in exprs
+    assert "sum by (operation) (rate(mcp_gateway_cluster_errors_total" in exprs
 
 
 # ---------------------------------------------- manifests and tools
@@ -346,6 +379,34 @@ def test_every_config_variable_comes_from_a_secret(config_toml, container):
         assert not ref.get("optional", False)
 
 
+def commented_cluster_block(config_toml: str) -> list[str]:
+    """The lines of the commented-out `[cluster]` table of config.toml, uncommented."""
+    lines = config_toml.splitlines()
+    assert "# [cluster]" in lines, "config.toml has no commented [cluster] example"
+    block = []
+    for line in lines[lines.index("# [cluster]"):]:
+        if not line.startswith("# "):
+            break
+        block.append(line[2:])
+    return block
+
+
+def test_cluster_example_takes_its_password_from_an_optional_secret_key(config_toml, container):
+    block = commented_cluster_block(config_toml)
+    cluster = tomllib.loads("\n".join(block))["cluster"]
+    assert cluster["redis_url"].startswith("rediss://"), "the example should use TLS"
+    variables = set(re.findall(r"\$\{(\w+)\}", cluster["redis_url"]))
+    assert variables == {"REDIS_PASSWORD"}
+    env = {e["name"]: e for e in container["env"]}
+    secret = one(K8S / "secret.example.yaml")
+    for var in variables:
+        ref = env[var]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == secret["metadata"]["name"]
+        assert ref["key"] in secret["stringData"], f"{ref['key']} missing from secret.example.yaml"
+        # pods of a deployment without Redis (the block commented out) start without the key
+        assert ref.get("optional") is True
+
+
 def labels_match(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -444,12 +505,36 @@ def test_dockerfile_healthcheck_fails_when_nothing_listens():
 
 
 # ------------------------------------------------------ gateway's check
-def test_config_passes_gateway_check_config():
+CHECK_CONFIG_ENV = {"GATEWAY_TOKEN": "deploy-test-gateway-token", "GATEWAY_ADMIN_TOKEN": "deploy-test-admin-token",
+                    "GATEWAY_METRICS_TOKEN": "deploy-test-metrics-token", "WEATHER_TOKEN": "deploy-test-weather-token"}
+
+
+def gateway_exe() -> str:
     exe = shutil.which("mcp-gateway", path=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     if not exe:
         pytest.skip("mcp-gateway is not installed (pip install .)")
-    env = {**os.environ, "GATEWAY_TOKEN": "deploy-test-gateway-token",
-           "GATEWAY_ADMIN_TOKEN": "deploy-test-admin-token", "GATEWAY_METRICS_TOKEN": "deploy-test-metrics-token",
-           "WEATHER_TOKEN": "deploy-test-weather-token"}
-    proc = run([exe, "check-config", str(DEPLOY / "config.example.toml")], env=env)
+    return exe
+
+
+def test_config_passes_gateway_check_config():
+    env = {**os.environ, **CHECK_CONFIG_ENV}
+    proc = run([gateway_exe(), "check-config", str(DEPLOY / "config.example.toml")], env=env)
     assert proc.returncode == 0, output(proc)
+
+
+def test_config_with_the_cluster_example_uncommented_passes_gateway_check_config(tmp_path):
+    text = (DEPLOY / "config.example.toml").read_text()
+    block = commented_cluster_block(text)
+    uncommented = text.replace("\n".join(f"# {line}" for line in block), "\n".join(block))
+    assert uncommented != text
+    path = tmp_path / "config.toml"
+    path.write_text(uncommented)
+    exe = gateway_exe()
+    env = {**os.environ, **CHECK_CONFIG_ENV, "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef"}
+    proc = run([exe, "check-config", str(path)], env=env)
+    assert proc.returncode == 0, output(proc)
+    # the Secret's key is optional in the Deployment: without it the config names the variable
+    env.pop("REDIS_PASSWORD")
+    proc = run([exe, "check-config", str(path)], env=env)
+    assert proc.returncode == 2, output(proc)
+    assert "REDIS_PASSWORD" in proc.stderr

@@ -1,5 +1,6 @@
-"""A real Prometheus server, with the shipped scrape config pointed at a running gateway,
-reads back the cache hits and misses the test drove (issue: monitoring)."""
+"""A real Prometheus server, with the shipped scrape config and alert rules pointed at a running
+gateway, reads back the cache hits and misses the test drove (issue: monitoring), and sees the
+shared tier ([cluster]) go down with a real Redis, and the shipped alert on it pending."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from gateway.config import parse_config
 
 from .support import StartUpstream, list_result, mcp_headers, rpc
 from .support.fleet import free_port
+from .support.redis import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "deploy" / "prometheus"
@@ -118,3 +120,60 @@ async def test_prometheus_reads_back_the_hits_and_misses_driven(
         proc.terminate()
         proc.wait(10)
         await gateway.close()
+
+
+async def wait_for_value(
+    http: aiohttp.ClientSession, port: int, promql: str, want: float, proc: subprocess.Popen[bytes], tmp: Path
+) -> None:
+    """Query ``promql`` until it reads ``want`` (at most 60 s; Prometheus must stay up)."""
+    deadline = time.monotonic() + 60
+    got = None
+    while time.monotonic() < deadline:
+        got = await query(http, port, promql)
+        if got == want:
+            return
+        assert proc.poll() is None, (tmp / "prometheus.log").read_text()[-2000:]
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{promql} read {got}, not {want}\n" + (tmp / "prometheus.log").read_text()[-2000:])
+
+
+@pytest.mark.timeout(120)
+async def test_prometheus_sees_the_shared_tier_go_down_and_the_shipped_alert_pending(
+    prometheus_bin: str, tmp_dir: Path, start_upstream: StartUpstream
+) -> None:
+    async def answer(request: web.Request, msg: dict[str, Any]) -> web.Response:
+        return web.json_response(list_result(msg["id"], ttl_ms=600_000))
+
+    redis = RedisServer(tmp_dir / "redis")
+    try:
+        upstream = await start_upstream(answer)
+        config = parse_config(
+            {"cluster": {"redis_url": redis.url}, "upstreams": {"fleet": {"url": upstream.url}}}, env={}
+        )
+        gateway = TestServer(create_app(config), host="127.0.0.1")
+        await gateway.start_server()
+        assert gateway.port is not None
+        proc, prom_port = start_prometheus(prometheus_bin, tmp_dir, gateway.port)
+        up = 'mcp_gateway_cluster_up{job="mcp-gateway"}'
+        pending = 'ALERTS{alertname="MCPGatewaySharedTierDown", alertstate="pending", job="mcp-gateway"}'
+        try:
+            async with aiohttp.ClientSession() as http:
+                await wait_for_value(http, prom_port, up, 1.0, proc, tmp_dir)
+                assert await query(http, prom_port, pending) is None
+                redis.stop()
+                await wait_for_value(http, prom_port, up, 0.0, proc, tmp_dir)
+                await wait_for_value(http, prom_port, pending, 1.0, proc, tmp_dir)
+                # callers are still answered while the shared tier is away
+                body = orjson.dumps(rpc("tools/list", 1))
+                async with http.post(
+                    gateway.make_url("/servers/fleet/mcp"), data=body, headers=mcp_headers("tools/list")
+                ) as resp:
+                    assert resp.status == 200
+                redis.start()
+                await wait_for_value(http, prom_port, up, 1.0, proc, tmp_dir)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+            await gateway.close()
+    finally:
+        redis.close()

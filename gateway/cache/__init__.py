@@ -7,7 +7,7 @@ in-process store), ``coalesce`` (one upstream request per cold key).
 
 from .coalesce import Coalescer
 from .keys import CacheKey, canonical_json, make_key
-from .policy import STORED, CacheEntry, build_entry, invalidation, store_outcome, uri_of
+from .policy import STORED, CacheEntry, Invalidation, build_entry, invalidation, store_outcome, uri_of
 from .store import CacheStore, Clock, EvictionListener, MemoryStore
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Clock",
     "Coalescer",
     "EvictionListener",
+    "Invalidation",
     "MemoryStore",
     "build_entry",
     "canonical_json",

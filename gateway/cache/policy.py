@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -23,7 +23,7 @@ import orjson
 from ..codec import dumps
 from .keys import CacheKey
 
-__all__ = ["STORED", "CacheEntry", "build_entry", "invalidation", "store_outcome", "uri_of"]
+__all__ = ["STORED", "CacheEntry", "Invalidation", "build_entry", "invalidation", "store_outcome", "uri_of"]
 
 STORED: Final = "stored"
 
@@ -136,7 +136,53 @@ def uri_of(key: CacheKey) -> object:
     return params.get("uri") if isinstance(params, dict) else None
 
 
-def invalidation(upstream: str, method: str, params: Mapping[str, Any]) -> Callable[[CacheKey], bool] | None:
+@dataclass(frozen=True, slots=True)
+class Invalidation:
+    """Which cache entries an event makes stale; called with a key, says whether it is one.
+
+    Every entry of ``upstream`` (of every upstream when ``None``) whose method is in ``methods``
+    (any method when ``None``); with ``uri``, only ``resources/read`` entries of that URI or of
+    a sub-resource of it. Plain data, so that it can travel to other workers and replicas
+    (:meth:`to_json`, :meth:`from_json`).
+    """
+
+    upstream: str | None = None
+    methods: tuple[str, ...] | None = None
+    uri: str | None = None
+
+    def __call__(self, key: CacheKey) -> bool:
+        if self.upstream is not None and key.upstream != self.upstream:
+            return False
+        if self.methods is not None and key.method not in self.methods:
+            return False
+        if self.uri is None:
+            return True
+        cached = uri_of(key)
+        return isinstance(cached, str) and (cached == self.uri or cached.startswith(self.uri.rstrip("/") + "/"))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"upstream": str|null, "methods": [str]|null, "uri": str|null}``."""
+        methods = None if self.methods is None else list(self.methods)
+        return {"upstream": self.upstream, "methods": methods, "uri": self.uri}
+
+    @classmethod
+    def from_json(cls, value: object) -> Invalidation | None:
+        """The invalidation :meth:`to_json` wrote, or ``None`` if ``value`` is not one."""
+        if not isinstance(value, dict):
+            return None
+        upstream, methods, uri = value.get("upstream"), value.get("methods"), value.get("uri")
+        if upstream is not None and not isinstance(upstream, str):
+            return None
+        if uri is not None and not isinstance(uri, str):
+            return None
+        if methods is not None:
+            if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+                return None
+            methods = tuple(methods)
+        return cls(upstream, methods, uri)
+
+
+def invalidation(upstream: str, method: str, params: Mapping[str, Any]) -> Invalidation | None:
     """Which of ``upstream``'s cache entries a listen-stream notification makes stale (MCP
     2026-07-28, server/utilities/caching, 'Interaction with Notifications').
 
@@ -153,18 +199,10 @@ def invalidation(upstream: str, method: str, params: Mapping[str, Any]) -> Calla
         "notifications/resources/list_changed": ("resources/list", "resources/templates/list"),
     }.get(method)
     if methods is not None:
-        return lambda k: k.upstream == upstream and k.method in methods
+        return Invalidation(upstream, methods)
     if method == "notifications/resources/updated":
         uri = params.get("uri")
         if not isinstance(uri, str):
             return None
-        prefix = uri.rstrip("/") + "/"
-
-        def stale(k: CacheKey) -> bool:
-            if k.upstream != upstream or k.method != "resources/read":
-                return False
-            cached = uri_of(k)
-            return isinstance(cached, str) and (cached == uri or cached.startswith(prefix))
-
-        return stale
+        return Invalidation(upstream, ("resources/read",), uri)
     return None

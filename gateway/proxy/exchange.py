@@ -1,7 +1,8 @@
 """One MCP request on its way through the proxy: what it carries and what it ended as.
 
 The ``Cache-Status`` response header (RFC 9211) names this cache ``mcp-gateway`` and says what
-happened: ``hit; ttl=S`` (``collapsed`` when the request waited for another's miss), or
+happened: ``hit; ttl=S`` (``collapsed`` when the request waited for another's miss,
+``detail=shared`` when the entry came from the cluster's shared tier), or
 ``fwd=miss|bypass``, the upstream's ``fwd-status``, ``stored; ttl=S`` and a ``detail``: why it
 bypassed the cache (``uncacheable``, ``legacy``, ``notification``, ``input-responses``,
 ``unknown-version``, ``disabled``), why the answer was not stored (``private``, ``error``,
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from ..cache import CacheEntry, CacheKey
+    from ..cluster import Flight
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
@@ -28,11 +30,13 @@ CACHE_NAME: Final = "mcp-gateway"
 LARGE_BODY_BYTES: Final = 64 * 1024
 
 
-def hit_status(ttl_ms: int, collapsed: bool) -> str:
+def hit_status(ttl_ms: int, collapsed: bool, shared: bool = False) -> str:
     """The ``Cache-Status`` of a hit whose answer carries ``ttlMs`` ``ttl_ms`` (milliseconds;
-    the header's ``ttl`` is whole seconds)."""
+    the header's ``ttl`` is whole seconds); ``shared``: the entry came from the shared tier."""
     status = f"{CACHE_NAME}; hit; ttl={ttl_ms // 1000}"
-    return f"{status}; collapsed" if collapsed else status
+    if collapsed:
+        status += "; collapsed"
+    return f"{status}; detail=shared" if shared else status
 
 
 class Exchange:
@@ -43,13 +47,14 @@ class Exchange:
     ``key`` (the cache key, ``None`` when the cache is bypassed).
 
     Set on the way out, for the response and the request record: ``method`` (the metric
-    label), ``cache`` (``hit``, ``miss``, ``bypass``), ``lookup`` (``hit``, ``miss``,
+    label), ``cache`` (``hit``, ``miss``, ``bypass``), ``lookup`` (``hit``, ``shared``, ``miss``,
     ``coalesced``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
     error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
     ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
     answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected``,
-    ``leads`` (this request leads the coalesced misses on its key) and ``large`` (the answer's
-    body is large enough to be written under the write deadline).
+    ``leads`` (this request leads the coalesced misses on its key), ``flight`` (it leads them
+    for the whole cluster too) and ``large`` (the answer's body is large enough to be written
+    under the write deadline).
 
     The defaults are class attributes: one exchange is built per request, and a hit sets few.
     """
@@ -71,6 +76,7 @@ class Exchange:
     upstream_seconds: float | None = None
     disconnected: bool = False
     leads: bool = False
+    flight: Flight | None = None
     large: bool = False
 
     def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:

@@ -18,6 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from ..cache import STORED, CacheEntry, CacheStore, Clock, Coalescer, build_entry, store_outcome
+from ..cluster import Cluster
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
@@ -63,10 +64,17 @@ class Forwarder:
     """
 
     def __init__(
-        self, config: GatewayConfig, store: CacheStore, metrics: GatewayMetrics, clock: Clock, coalescer: Coalescer
+        self,
+        config: GatewayConfig,
+        store: CacheStore,
+        metrics: GatewayMetrics,
+        clock: Clock,
+        coalescer: Coalescer,
+        cluster: Cluster | None = None,
     ) -> None:
         self.store = store
         self.coalescer = coalescer
+        self.cluster = cluster
         self.metrics = metrics
         self.clock = clock
         self.max_entry_bytes = config.cache.max_entry_bytes
@@ -304,6 +312,11 @@ class Forwarder:
             # answer: a caller that stops reading holds back no one else.
             self.coalescer.release(ex.key, entry)
             ex.leads = False
+        if self.cluster is not None:
+            if ex.flight is not None:
+                self.cluster.finish(ex.flight, ex.key, entry)  # the other processes' followers too
+            elif entry is not None:
+                self.cluster.share(ex.key, entry)
 
     def update_size_gauges(self) -> None:
         """``mcp_gateway_cache_entries`` and ``mcp_gateway_cache_bytes`` from the store."""

@@ -23,6 +23,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from ..auth import bearer_matches
 from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, make_key
+from ..cluster import Cluster
 from ..codec import id_json
 from ..config import GatewayConfig
 from ..errors import (
@@ -50,7 +51,7 @@ class Proxy:
     """Serves the MCP routes of every configured upstream.
 
     ``upstreams`` is filled by the app once its client session exists; ``clock`` gives the
-    cache's monotonic seconds.
+    cache's monotonic seconds; ``cluster`` is the shared tier behind ``store`` (with ``[cluster]``).
     """
 
     def __init__(
@@ -60,12 +61,14 @@ class Proxy:
         store: CacheStore,
         metrics: GatewayMetrics,
         clock: Clock,
+        cluster: Cluster | None = None,
     ) -> None:
         self.upstreams = upstreams
         self.store = store
         self.clock = clock
+        self.cluster = cluster
         self.coalescer = Coalescer()
-        self.forwarder = Forwarder(config, store, metrics, clock, self.coalescer)
+        self.forwarder = Forwarder(config, store, metrics, clock, self.coalescer, cluster)
         self.journal = RequestJournal(metrics.request_metrics, access_log)
         self.tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
         self.origins = frozenset(config.listener.allowed_origins)
@@ -218,7 +221,8 @@ class Proxy:
         return await self.miss(ex, key)
 
     async def miss(self, ex: Exchange, key: CacheKey) -> web.StreamResponse:
-        """Not in the cache: wait for the same request already on its way upstream, or send it."""
+        """Not in the cache: wait for the same request already on its way upstream, or (with
+        ``[cluster]``, see :meth:`shared`) take it from the shared tier, or send it."""
         waiter = self.coalescer.claim(key)
         if waiter is not None:
             entry = await asyncio.shield(waiter)
@@ -227,20 +231,39 @@ class Proxy:
             # Not storable (private, an error, ...): this caller's answer is its own.
             ex.cache = ex.lookup = "miss"
             return await self.forwarder.forward(ex, "miss")
-        ex.cache = ex.lookup = "miss"
         ex.leads = True
         try:
+            if self.cluster is not None and (response := await self.shared(ex, key)) is not None:
+                return response
+            ex.cache = ex.lookup = "miss"
             return await self.forwarder.forward(ex, "miss")
         finally:
             if ex.leads:  # the forwarder did not release them (an error, a cut stream)
                 self.coalescer.release(key, None)
+            if ex.flight is not None and self.cluster is not None:
+                self.cluster.finish(ex.flight, key, None)  # a no-op once the forwarder finished it
 
-    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.Response:
+    async def shared(self, ex: Exchange, key: CacheKey) -> web.Response | None:
+        """The shared tier after a local miss (this request leads the key in this process): a
+        hit from Redis, copied into the local tier, or ``None`` with ``ex.flight`` set when this
+        process leads the key for the whole cluster (see :mod:`gateway.cluster.node`)."""
+        assert self.cluster is not None and ex.upstream is not None
+        found = await self.cluster.lookup(key, ex.upstream.config.timeout_s)
+        if found.entry is None:
+            ex.flight = found.flight
+            return None
+        self.store.put(key, found.entry)
+        self.forwarder.update_size_gauges()
+        self.coalescer.release(key, found.entry)
+        ex.leads = False
+        return self.hit(ex, found.entry, collapsed=found.collapsed, shared=True)
+
+    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.Response:
         """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left."""
         ex.cache = "hit"
-        ex.lookup = "coalesced" if collapsed else "hit"
+        ex.lookup = "coalesced" if collapsed else "shared" if shared else "hit"
         body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
-        ex.hit = hit_status(ttl_ms, collapsed)
+        ex.hit = hit_status(ttl_ms, collapsed, shared)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
 

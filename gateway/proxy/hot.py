@@ -126,14 +126,14 @@ class HotProxy(Proxy):
         return response
         # ✂
 
-    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.Response:
+    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.Response:
         # ✂ fast version of Proxy.hit: the same bytes, in a LeanResponse with copied headers.
         if not LEAN_RESPONSES:
-            return super().hit(ex, entry, collapsed=collapsed)
+            return super().hit(ex, entry, collapsed=collapsed, shared=shared)
         ex.cache = "hit"
-        ex.lookup = "coalesced" if collapsed else "hit"
+        ex.lookup = "coalesced" if collapsed else "shared" if shared else "hit"
         body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
-        ex.hit = hit_status(ttl_ms, collapsed)
+        ex.hit = hit_status(ttl_ms, collapsed, shared)
         ex.large = len(body) > LARGE_BODY_BYTES
         headers = _JSON_HEADERS.copy()
         headers[_CACHE_STATUS] = ex.hit

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import aiohttp
 
-from ..cache import CacheKey, invalidation
+from ..cache import Invalidation, invalidation
 from ..config import RegistryConfig
 from ..errors import GatewayError
 from ..protocol import MODERN_VERSION, MODERN_VERSIONS, response_id_matches
@@ -176,7 +176,7 @@ class ListenStream:
         state: UpstreamState,
         settings: RegistryConfig,
         *,
-        purge: Callable[[Callable[[CacheKey], bool], str], int],
+        purge: Callable[[Invalidation, str], int],
         cached_uris: Callable[[str], tuple[str, ...]],
         sleep: Sleep,
         rng: Rng,
@@ -311,7 +311,7 @@ class ListenStream:
         self._failures = 0
         if not self._covered:
             # Entries stored since the break may have missed a notification.
-            self._purge(lambda k: k.upstream == self.upstream.name, "stream_lost")
+            self._purge(Invalidation(self.upstream.name), "stream_lost")
             self._covered = True
         log.info("upstream %s: listening for %s (acknowledged %s)", self.upstream.name, dict(wanted), stream.honoured)
 
@@ -332,7 +332,7 @@ class ListenStream:
         if stream.outcome == "lost":
             listen.losses += 1
             self._covered = False
-            count = self._purge(lambda k: k.upstream == self.upstream.name, "stream_lost")
+            count = self._purge(Invalidation(self.upstream.name), "stream_lost")
             log.warning(
                 "upstream %s: listen stream lost (%s); purged %d entries", self.upstream.name, stream.detail, count
             )

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Final
 
-from ..cache import CacheKey, CacheStore, Clock, uri_of
+from ..cache import CacheStore, Clock, Invalidation, uri_of
+from ..cluster import Cluster, Unavailable
+from ..cluster.lease import Leases
 from ..config import GatewayConfig
 from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from ..upstream import Upstream
 from .listen import LISTEN_RESYNC_S, ListenStream, Sleep
 from .probe import Prober, Rng, backoff_delay, probe_delay
+from .shared import MIRROR_S, RegistryMirror
 from .state import ProbeRecord, ProbeResult, RegistryState, UpstreamState
 
 __all__ = ["MAX_RESOURCE_SUBSCRIPTIONS", "Registry"]
@@ -31,7 +35,8 @@ class Registry:
     epoch for the times shown in the routes; ``rng()`` a float in ``[0, 1)`` for jitter;
     ``sleep(seconds)`` every pause of the probe loops and listen streams (tests inject all four).
     The tasks start in :meth:`start` and stop in :meth:`stop`, both called from the app's
-    ``cleanup_ctx``.
+    ``cleanup_ctx``. With a ``cluster``, an upstream is probed and listened to only by the
+    process holding its lease, and the others copy its state (:mod:`.shared`).
     """
 
     def __init__(
@@ -44,6 +49,7 @@ class Registry:
         rng: Rng,
         sleep: Sleep,
         wall_clock: Clock = time.time,
+        cluster: Cluster | None = None,
     ) -> None:
         self.config = config
         self.settings = config.registry if config.registry.enabled else None
@@ -58,8 +64,17 @@ class Registry:
         self.probers: dict[str, Prober] = {}
         self.listen_streams: dict[str, ListenStream] = {}
         self._uris: dict[str, tuple[str, ...]] = {}
+        #: With a cluster: URIs other processes cached, by upstream (read by the holder's mirror loop).
+        self._shared_uris: dict[str, list[str]] = {}
         self._uris_at: float | None = None
         self._versions_labelled: dict[str, set[str]] = {}
+        #: ``invalidate(invalidation, reason) -> count``: purges beyond this process (the cluster's).
+        self.invalidate: Callable[[Invalidation, str], int] | None = None
+        self.cluster = cluster
+        self.leases: Leases | None = None
+        self.mirror = RegistryMirror(cluster.link, self.state) if cluster is not None else None
+        self._upstreams: Mapping[str, Upstream] = {}
+        self._jobs: dict[str, list[asyncio.Task[None]]] = {}
 
     @property
     def ready(self) -> bool:
@@ -68,35 +83,95 @@ class Registry:
 
     def observe(self, upstream: str, version: str) -> None:
         """The proxy's ``on_success`` hook: ``version`` worked for ``upstream`` in real traffic."""
+        state = self.state.upstreams.get(upstream)
+        if state is None or version in state.observed:
+            return
         self.state.observe(upstream, version)
+        mirror = self.mirror
+        if mirror is not None and version in state.observed and self.leases and not self.leases.doing[upstream]:
+            self.tasks.spawn(self._post_observed(mirror, upstream, version), name=f"observed:{upstream}")
+
+    async def _post_observed(self, mirror: RegistryMirror, upstream: str, version: str) -> None:
+        try:
+            await mirror.post_observed(upstream, version)
+        except Unavailable:
+            pass  # seen again in later traffic, or by the holder itself
 
     # -- lifecycle (called from the app's cleanup_ctx) --
 
     def start(self, upstreams: Mapping[str, Upstream]) -> None:
-        """Start one probe loop and one listen stream per upstream (no-op without ``[registry]``)."""
+        """Start one probe loop and one listen stream per upstream (no-op without ``[registry]``);
+        with a cluster, only for the upstreams whose lease this process holds."""
         settings = self.settings
         if settings is None:
             return
-        for name, upstream in upstreams.items():
-            state = self.state.upstreams[name]
-            self.probers[name] = Prober(upstream, timeout_s=settings.probe_timeout_s)
-            self.tasks.spawn(self._probe_loop(name), name=f"probe:{name}")
-            if settings.listen:
-                stream = ListenStream(
-                    upstream,
-                    state,
-                    settings,
-                    purge=self.purge,
-                    cached_uris=self.cached_uris,
-                    sleep=self.sleep,
-                    rng=self.rng,
-                )
-                self.listen_streams[name] = stream
-                self.tasks.spawn(stream.run(), name=f"listen:{name}")
+        self._upstreams = upstreams
+        if self.cluster is None:
+            for name in upstreams:
+                self._start_jobs(name)
+            return
+        self.leases = Leases(
+            self.cluster.link,
+            upstreams,
+            self._lease_changed,
+            held_in_redis=lambda name, held: self.metrics.cluster_leases.labels(name).set(1 if held else 0),
+        )
+        self.tasks.spawn(self.leases.run(), name="registry:leases")
+        self.tasks.spawn(self._mirror_loop(), name="registry:mirror")
+
+    def _lease_changed(self, name: str, held: bool) -> None:
+        if held:
+            self._start_jobs(name)
+        else:
+            for task in self._jobs.pop(name, []):
+                task.cancel()
+            self.listen_streams.pop(name, None)
+
+    def _start_jobs(self, name: str) -> None:
+        """Probe ``name`` and (if wanted) hold its listen stream, from now on."""
+        settings = self.settings
+        assert settings is not None
+        upstream = self._upstreams[name]
+        state = self.state.upstreams[name]
+        self.probers[name] = Prober(upstream, timeout_s=settings.probe_timeout_s)
+        jobs = [self.tasks.spawn(self._probe_loop(name), name=f"probe:{name}")]
+        if settings.listen:
+            stream = ListenStream(
+                upstream,
+                state,
+                settings,
+                purge=self.purge,
+                cached_uris=self.cached_uris,
+                sleep=self.sleep,
+                rng=self.rng,
+            )
+            self.listen_streams[name] = stream
+            jobs.append(self.tasks.spawn(stream.run(), name=f"listen:{name}"))
+        self._jobs[name] = jobs
+
+    async def _mirror_loop(self) -> None:
+        """Every :data:`~.shared.MIRROR_S`: write the state of the upstreams this process holds,
+        copy the others'."""
+        assert self.mirror is not None and self.leases is not None
+        while True:
+            for name in self.state.upstreams:
+                try:
+                    if self.leases.doing[name]:
+                        if self.cluster is not None and self.cluster.up:
+                            await self.mirror.publish(name)
+                            uris = await self.cluster.cached_uris(name, MAX_RESOURCE_SUBSCRIPTIONS)
+                            self._shared_uris[name] = uris
+                    elif await self.mirror.load(name):
+                        self._export(name, self.state.upstreams[name])
+                except Unavailable:
+                    pass  # Redis is away: the leases make every process probe for itself
+            await asyncio.sleep(MIRROR_S)
 
     async def stop(self) -> None:
-        """Cancel every probe and listen stream and wait for them."""
+        """Cancel every probe and listen stream and wait for them; give up the leases held."""
         await self.tasks.close()
+        if self.leases is not None:
+            await self.leases.release_all()
 
     # -- probing --
 
@@ -160,9 +235,13 @@ class Registry:
 
     # -- the cache --
 
-    def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
-        """Remove matching cache entries (counted under ``cache_evictions{reason}``)."""
-        count = self.store.purge(predicate, reason)
+    def purge(self, invalidation: Invalidation, reason: str) -> int:
+        """Remove matching cache entries (counted under ``cache_evictions{reason}``), with
+        ``[cluster]`` from every replica (through ``invalidate``, set by the app)."""
+        if self.invalidate is not None:
+            count = self.invalidate(invalidation, reason)
+        else:
+            count = self.store.purge(invalidation, reason)
         if count:
             self.metrics.cache_entries.set(len(self.store))
             self.metrics.cache_bytes.set(self.store.total_bytes)
@@ -180,5 +259,7 @@ class Registry:
                     uri = uri_of(key)
                     if isinstance(uri, str):
                         found.setdefault(key.upstream, set()).add(uri)
+            for name, uris in self._shared_uris.items():
+                found.setdefault(name, set()).update(uris)
             self._uris = {name: tuple(sorted(uris)[:MAX_RESOURCE_SUBSCRIPTIONS]) for name, uris in found.items()}
         return self._uris.get(upstream, ())

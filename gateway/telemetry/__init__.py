@@ -9,7 +9,7 @@ short and rate-bounded).
 
 from .accesslog import ACCESS_LOGGER, AccessLogHandler, direct_handler, request_fields
 from .journal import BATCH_DELAY_S, BATCH_RECORDS, RequestJournal
-from .metrics import GatewayMetrics, RequestMetrics
+from .metrics import GAUGE_SAMPLE_S, MULTIPROC_DIR_ENV, GatewayMetrics, MultiProcessRegistry, RequestMetrics
 from .record import RequestRecord
 from .serverlog import ServerErrorFilter, quiet_server_errors
 
@@ -17,8 +17,11 @@ __all__ = [
     "ACCESS_LOGGER",
     "BATCH_DELAY_S",
     "BATCH_RECORDS",
+    "GAUGE_SAMPLE_S",
+    "MULTIPROC_DIR_ENV",
     "AccessLogHandler",
     "GatewayMetrics",
+    "MultiProcessRegistry",
     "RequestJournal",
     "RequestMetrics",
     "RequestRecord",

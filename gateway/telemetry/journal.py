@@ -4,7 +4,9 @@ Every request on an MCP route ends with :meth:`RequestJournal.add`. The journal 
 records, in batches, to the per-request metrics (:meth:`~gateway.telemetry.metrics.RequestMetrics.add`)
 and, when the ``mcp_gateway.access`` logger is enabled for INFO, to the access log: every
 ``BATCH_RECORDS`` requests, ``BATCH_DELAY_S`` after the first request of a batch, and before
-every ``/metrics`` scrape (so a scrape sees every request that ended before it).
+every ``/metrics`` scrape (so a scrape sees every request that ended before it). In a process
+group (``serve --workers N``) a batch handed on is written to the group's metric files, so a
+scrape answered by another worker sees a request at most ``BATCH_DELAY_S`` after it ended.
 
 Why: updating three metric families and writing a log line per request cost a cache hit
 more than everything else it does (bench/RESULTS.md); a batch is added up and formatted in a

@@ -30,7 +30,7 @@ class RequestRecord(NamedTuple):
     cache_status: str | None
     #: Time to answer, in seconds.
     seconds: float
-    #: Cache lookup result (``hit``, ``miss``, ``coalesced``, ``bypass``), ``None`` if not asked.
+    #: Cache lookup result (``hit``, ``shared``, ``miss``, ``coalesced``, ``bypass``), ``None`` if not asked.
     lookup: str | None
     #: ``time.perf_counter()`` when the request ended, in seconds.
     ended: float

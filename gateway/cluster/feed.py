@@ -1,0 +1,172 @@
+"""The cluster's event feed: one Redis stream every process reads, in order, without gaps.
+
+Two kinds of event travel on ``<key_prefix>:events`` (a Redis stream, trimmed to about
+:data:`STREAM_MAXLEN` events), each one JSON object in the field ``e``:
+
+* ``{"type": "invalidate", "invalidation": {...}, "reason": str, "generations": {field: n}, "origin": id}``:
+  entries went stale (a purge, a listen-stream notification, a lost listen stream); every process
+  drops the matching entries from its local tier and adopts the new generations (see
+  :mod:`gateway.cluster.node`).
+* ``{"type": "done", "id": str, "stored": bool}``: the leader of a cold key finished; followers
+  in every process stop waiting.
+
+A stream rather than pub/sub: a reader that lost its connection resumes after the last event it
+read and misses nothing. The reader also decides whether Redis is *up*: a read that fails twice in
+a row, or the stream gone further than the reader had got (trimmed while it was away), empties
+the local tier, so no process answers from an entry another one invalidated for longer than
+about :data:`BLOCK_S` + two call bounds (under 1 s with the default ``timeout_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+from redis.exceptions import RedisError, ResponseError
+
+from ..codec import dumps, loads
+from ..config import ClusterConfig
+from .link import RedisLink, make_client
+
+__all__ = ["BLOCK_S", "STREAM_MAXLEN", "Feed"]
+
+log = logging.getLogger("mcp_gateway.cluster")
+
+#: How long one read of the stream waits for an event, in seconds.
+BLOCK_S: Final = 0.3
+#: Events kept in the stream (approximately): far more than a reader falls behind by.
+STREAM_MAXLEN: Final = 10_000
+#: Pauses between attempts to reach Redis while it is down, in seconds (first, then at most).
+RETRY_MIN_S: Final = 0.1
+RETRY_MAX_S: Final = 1.0
+
+#: ``on_event(event)``: a decoded event object (a dict) from the stream.
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+class Feed:
+    """Reads ``<key_prefix>:events`` for this process and publishes to it.
+
+    ``on_event`` receives every event (this process's own included); ``on_up()`` runs when
+    Redis answers again (before ``link.up`` is set: a chance to reload shared state), and
+    ``on_lost(reason)`` when the feed can no longer vouch for the local tier (Redis down, or
+    events missed).
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        link: RedisLink,
+        *,
+        on_event: EventHandler,
+        on_up: Callable[[], Any],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.link = link
+        self.stream = link.key("events")
+        # Its own connection: a blocking read must not hold one of the command pool's.
+        self._reader = make_client(config, BLOCK_S + config.timeout_s, 2)
+        self._on_event = on_event
+        self._on_up = on_up
+        self._on_lost = on_lost
+        self._last_id: bytes | None = None
+
+    async def publish(self, event: dict[str, Any]) -> None:
+        """Append ``event`` to the stream.
+
+        Raises:
+            Unavailable: Redis is down or the call failed.
+        """
+        data = dumps(event)
+        await self.link.run(
+            "publish", lambda: self.link.client.xadd(self.stream, {"e": data}, maxlen=STREAM_MAXLEN, approximate=True)
+        )
+
+    async def run(self) -> None:
+        """Read events until cancelled; reconnect whenever Redis fails, with a growing pause."""
+        pause = RETRY_MIN_S
+        failures = 0
+        while True:
+            try:
+                if not self.link.up:
+                    await self._connect()
+                    pause = RETRY_MIN_S
+                await self._read()
+                failures = 0
+            except (RedisError, OSError, TimeoutError) as exc:
+                if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
+                    await self._replace_stream()
+                    continue
+                failures += 1
+                if failures == 1 and self.link.up:
+                    continue  # one dropped connection: read again at once, from the same event
+                if self.link.up:
+                    self.link.mark(False, _describe(exc))
+                    self._on_lost("shared tier down")
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RETRY_MAX_S)
+
+    async def _connect(self) -> None:
+        """Find where to read from (after the last event read, or the stream's end), reload
+        shared state, then mark Redis up."""
+        async with asyncio.timeout(self.link.timeout_s * 4):
+            if self._last_id is None:
+                newest: Any = await self._reader.xrevrange(self.stream, count=1)
+                self._last_id = newest[0][0] if newest else b"0-0"
+            else:
+                oldest: Any = await self._reader.xrange(self.stream, count=1)
+                if not oldest and self._last_id != b"0-0":
+                    # Emptied while this process was away (deleted, flushed): it cannot know what it missed.
+                    self._last_id = b"0-0"
+                    self._on_lost("events missed")
+                elif oldest and _stream_id(oldest[0][0]) > _stream_id(self._last_id):
+                    # Trimmed past where this process stopped: some events are lost to it.
+                    self._on_lost("events missed")
+            result = self._on_up()
+            if asyncio.iscoroutine(result):
+                await result
+        self.link.mark(True)
+
+    async def _read(self) -> None:
+        assert self._last_id is not None
+        batches: Any = await self._reader.xread({self.stream: self._last_id}, count=256, block=int(BLOCK_S * 1000))
+        for _stream, events in batches or ():
+            for event_id, fields in events:
+                self._last_id = event_id
+                self._dispatch(fields)
+
+    def _dispatch(self, fields: object) -> None:
+        try:
+            event = loads(fields[b"e"]) if isinstance(fields, dict) and isinstance(fields.get(b"e"), bytes) else None
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            self.link.metrics.cluster_errors.labels("corrupt_event").inc()
+            return
+        self._on_event(event)
+
+    async def _replace_stream(self) -> None:
+        """The stream's key holds something else (written over): remove it and start afresh."""
+        log.warning("shared tier: %s is not a stream; replacing it", self.stream)
+        self.link.metrics.cluster_errors.labels("corrupt_event").inc()
+        try:
+            async with asyncio.timeout(self.link.timeout_s):
+                await self._reader.delete(self.stream)
+        except (RedisError, OSError, TimeoutError):
+            pass
+        self._last_id = b"0-0"
+        self._on_lost("events missed")
+
+    async def close(self) -> None:
+        await self._reader.aclose()
+
+
+def _stream_id(value: bytes) -> tuple[int, int]:
+    ms, _, seq = value.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+def _describe(exc: BaseException) -> str:
+    return "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"[:200]

@@ -1,0 +1,488 @@
+"""This process's part in the cluster: the shared tier of the cache, single flight across
+processes, and invalidation that reaches every process.
+
+Redis keys (all under ``key_prefix``):
+
+* ``entry:<generation>:<digest>``: a shared entry (:mod:`gateway.cluster.entries`), with Redis
+  expiry at the entry's own.
+* ``lock:<generation>:<digest>``: the cold key's leader (a redis-py ``Lock``: a token and an
+  expiry of the upstream's ``timeout_s`` plus :data:`LOCK_MARGIN_S`).
+* ``generations``: a hash ``"<upstream> <method>"`` → generation. An invalidation raises the
+  generations it touches, so every shared entry stored before it is out of reach at once (it then
+  expires by itself); an answer fetched before it is stored under the old generation, out of
+  reach too.
+* ``events``: the feed (:mod:`gateway.cluster.feed`).
+* ``uris:<upstream>``: the URIs of shared ``resources/read`` entries, for the listen stream's
+  ``resourceSubscriptions`` (held by one process for all).
+
+Single flight, per cold key: look in the shared tier; register to hear the key's ``done`` event;
+take the lock. The holder looks once more (a leader may have just finished), then goes upstream,
+and when the answer is in, writes the entry, frees the lock and says ``done``, in that order.
+Everyone else waits for ``done`` (pushed by the feed: no polling) at most the upstream's
+``timeout_s``, then reads the entry, or goes upstream alone if there is none (the answer was
+private, an error, or the leader died). An entry read while an invalidation raised its
+generation is not used (it may be the one invalidated): the caller goes upstream alone. A
+lock without expiry is not a lock this gateway took (written over): it is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from redis.asyncio.lock import Lock
+from redis.exceptions import ResponseError
+
+from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Invalidation, uri_of
+from ..config import GatewayConfig
+from ..protocol import CACHEABLE_METHODS
+from ..tasks import BackgroundTasks
+from ..telemetry import GatewayMetrics
+from .entries import decode, encode, key_digest
+from .feed import Feed
+from .link import RedisLink, Unavailable
+
+__all__ = ["LOCK_MARGIN_S", "Cluster", "Flight", "Lookup"]
+
+log = logging.getLogger("mcp_gateway.cluster")
+
+#: Longest resource URI taken from the shared set of cached URIs.
+MAX_URI_CHARS: Final = 2048
+#: How long a starting process waits for Redis before it serves without, in seconds.
+STARTUP_WAIT_S: Final = 2.0
+#: A leader's lock outlives its upstream request's bound by this much, in seconds.
+LOCK_MARGIN_S: Final = 2.0
+
+
+@dataclass(slots=True)
+class Flight:
+    """This process leads a cold key for the cluster: finish it with :meth:`Cluster.finish`."""
+
+    ident: str
+    lock: Lock
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class Lookup:
+    """What the shared tier gave for a local miss: an ``entry`` (``collapsed``: it is the
+    answer another process's leader just fetched), or the ``flight`` to lead, or neither (go
+    upstream alone)."""
+
+    entry: CacheEntry | None = None
+    collapsed: bool = False
+    flight: Flight | None = None
+
+
+@dataclass(slots=True)
+class _Waiting:
+    futures: list[asyncio.Future[bool]] = field(default_factory=list)
+
+
+class Cluster:
+    """The shared tier for one process (see the module). ``store`` is the local tier, in front
+    of it; ``clock`` the cache's monotonic seconds, ``wall_clock`` epoch seconds (shared entries
+    expire on wall-clock time, the same in every process)."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        store: CacheStore,
+        metrics: GatewayMetrics,
+        *,
+        clock: Clock,
+        wall_clock: Clock = time.time,
+    ) -> None:
+        assert config.cluster is not None
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.link = RedisLink(config.cluster, metrics)
+        self.node_id = secrets.token_hex(8)
+        self.feed = Feed(config.cluster, self.link, on_event=self._event, on_up=self._reload, on_lost=self._lost)
+        self.tasks = BackgroundTasks(log)
+        self.max_ttl_ms = config.cache.max_ttl_ms
+        self.max_entry_bytes = config.cache.max_entry_bytes
+        self._generations: dict[str, int] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        #: Called with the number of entries a remote invalidation removed (the size gauges).
+        self.on_purged: Any = None
+
+    @property
+    def up(self) -> bool:
+        return self.link.up
+
+    # -- lifecycle --
+
+    async def start(self) -> None:
+        """Start reading the feed, and wait until Redis answers, at most :data:`STARTUP_WAIT_S`
+        (the gateway starts serving after this: its first answers are then shared; with Redis
+        down it serves without it, and joins when Redis answers)."""
+        self.tasks.spawn(self.feed.run(), name="cluster:feed")
+        try:
+            async with asyncio.timeout(STARTUP_WAIT_S):
+                await self.link.answering.wait()
+        except TimeoutError:
+            log.warning("shared tier: Redis did not answer within %g s; serving without it for now", STARTUP_WAIT_S)
+
+    async def stop(self) -> None:
+        await self.tasks.close()
+        self._release_waiters()
+        await self.feed.close()
+        await self.link.close()
+
+    # -- names --
+
+    def _field(self, upstream: str, method: str) -> str:
+        return f"{upstream} {method}"
+
+    def ident(self, key: CacheKey) -> str:
+        """``<generation>:<digest>``: the key's name in Redis right now."""
+        generation = self._generations.get(self._field(key.upstream, key.method), 0)
+        return f"{generation}:{key_digest(key).hex()}"
+
+    @staticmethod
+    def shares(key: CacheKey) -> bool:
+        """Whether ``key``'s entries may live in Redis: not for an upstream that receives the
+        caller's ``Authorization`` (its entries belong to one authorization context)."""
+        return key.authorization is None
+
+    # -- the shared tier --
+
+    async def lookup(self, key: CacheKey, timeout_s: float) -> Lookup:
+        """After a local miss: the shared entry, or the cluster's single flight for ``key``
+        (``timeout_s``: the upstream's, how long a follower waits for the leader). Never raises
+        for Redis: with Redis down or failing, the answer is "go alone"."""
+        if not self.link.up or not self.shares(key):
+            return Lookup()
+        ident = self.ident(key)
+        entry = await self._read(key, ident)
+        if entry is not None:
+            return Lookup(entry) if self.ident(key) == ident else Lookup()
+        done = self._expect(ident)
+        try:
+            lock = Lock(
+                self.link.client,
+                self.link.key("lock", ident),
+                timeout=timeout_s + LOCK_MARGIN_S,
+                blocking=False,
+                thread_local=False,
+            )
+            try:
+                leading = await self.link.run("lock", lock.acquire)
+            except Unavailable:
+                return Lookup()
+            if leading:
+                entry = await self._read(key, ident)  # a leader may have finished just now
+                if entry is not None:
+                    self._spawn_release(lock)
+                    return Lookup(entry) if self.ident(key) == ident else Lookup()
+                return Lookup(flight=Flight(ident, lock))
+            if not await self._lock_is_live(ident):
+                return Lookup()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    stored = await done
+            except TimeoutError:
+                stored = False
+            if stored and (entry := await self._read(key, ident)) is not None and self.ident(key) == ident:
+                return Lookup(entry, collapsed=True)
+            return Lookup()
+        finally:
+            self._forget(ident, done)
+
+    def finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None) -> None:
+        """The leader's outcome: write ``entry`` (``None``: nothing storable), free the lock, say
+        ``done``; in the background, in that order."""
+        if flight.finished:
+            return
+        flight.finished = True
+        self.tasks.spawn(self._finish(flight, key, entry), name="cluster:finish")
+
+    async def _finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None) -> None:
+        stored = False
+        if entry is not None:
+            stored = await self._write(key, flight.ident, entry)
+        try:
+            await self.link.run("unlock", flight.lock.release)
+        except Unavailable:
+            pass  # expired already, or Redis is away: it expires by itself
+        try:
+            await self.feed.publish({"type": "done", "id": flight.ident, "stored": stored})
+        except Unavailable:
+            pass  # the followers stop waiting at their bound
+
+    def share(self, key: CacheKey, entry: CacheEntry) -> None:
+        """Write an entry this process stored without leading a flight for it (the cluster was
+        down when it went upstream), in the background."""
+        if self.link.up and self.shares(key):
+            ident = self.ident(key)
+
+            async def write() -> None:
+                await self._write(key, ident, entry)
+
+            self.tasks.spawn(write(), name="cluster:share")
+
+    async def _read(self, key: CacheKey, ident: str) -> CacheEntry | None:
+        try:
+            value = await self.link.run("get", lambda: self.link.client.get(self.link.key("entry", ident)))
+        except Unavailable:
+            self.metrics.cluster_reads.labels("error").inc()
+            return None
+        if value is None:
+            self.metrics.cluster_reads.labels("miss").inc()
+            return None
+        entry = decode(
+            value,
+            key_digest(key),
+            clock_now=self.clock(),
+            wall_now=self.wall_clock(),
+            max_ttl_ms=self.max_ttl_ms,
+            max_entry_bytes=self.max_entry_bytes,
+        )
+        self.metrics.cluster_reads.labels("corrupt" if entry is None else "hit").inc()
+        if entry is None:
+            log.warning("shared tier: the value of %s is not a valid entry; treated as a miss", ident)
+        return entry
+
+    async def _write(self, key: CacheKey, ident: str, entry: CacheEntry) -> bool:
+        value, left_ms = encode(key_digest(key), entry, clock_now=self.clock(), wall_now=self.wall_clock())
+        if left_ms <= 0:
+            return False
+        try:
+            await self.link.run("set", lambda: self.link.client.set(self.link.key("entry", ident), value, px=left_ms))
+            if key.method == "resources/read" and isinstance(uri := uri_of(key), str):
+                await self.link.run("uris", lambda: self._note_uri(key.upstream, uri))
+        except Unavailable:
+            return False
+        return True
+
+    async def _note_uri(self, upstream: str, uri: str) -> None:
+        """Add ``uri`` to the upstream's set of cached resource URIs (what its listen stream
+        subscribes to, whichever process holds it); the set lives as long as an entry can."""
+        name = self.link.key("uris", upstream)
+        async with self.link.client.pipeline(transaction=True) as pipe:
+            pipe.sadd(name, uri)
+            pipe.pexpire(name, self.max_ttl_ms)
+            await pipe.execute()
+
+    async def cached_uris(self, upstream: str, limit: int) -> list[str]:
+        """Up to ``limit`` resource URIs some process cached for ``upstream`` (sorted).
+
+        Raises:
+            Unavailable: Redis is down or failed.
+        """
+        name = self.link.key("uris", upstream)
+        raw: Any = await self.link.run("uris", lambda: self.link.client.srandmember(name, limit))
+        uris = []
+        for member in raw or ():
+            try:
+                uri = member.decode("utf-8") if isinstance(member, bytes) else None
+            except UnicodeDecodeError:
+                continue
+            # Only what a stored key could have held: anything else was written by someone else.
+            if uri is not None and len(uri) <= MAX_URI_CHARS and uri.isprintable() and ":" in uri:
+                uris.append(uri)
+        return sorted(uris)
+
+    async def _lock_is_live(self, ident: str) -> bool:
+        """Whether the key's lock is one a leader holds (it has an expiry); removes one that
+        has none (a value written over it) so that the next caller can lead."""
+        name = self.link.key("lock", ident)
+        try:
+            ttl = await self.link.run("lock", lambda: self.link.client.pttl(name))
+            if ttl == -1:
+                log.warning("shared tier: %s has no expiry (written over?); removed", name)
+                await self.link.run("lock", lambda: self.link.client.delete(name))
+                return False
+        except Unavailable:
+            return False
+        return True
+
+    def _spawn_release(self, lock: Lock) -> None:
+        async def release() -> None:
+            try:
+                await self.link.run("unlock", lock.release)
+            except Unavailable:
+                pass
+
+        self.tasks.spawn(release(), name="cluster:unlock")
+
+    # -- waiting for leaders --
+
+    def _expect(self, ident: str) -> asyncio.Future[bool]:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(ident, _Waiting()).futures.append(fut)
+        return fut
+
+    def _forget(self, ident: str, fut: asyncio.Future[bool]) -> None:
+        waiting = self._waiting.get(ident)
+        if waiting is not None:
+            if fut in waiting.futures:
+                waiting.futures.remove(fut)
+            if not waiting.futures:
+                del self._waiting[ident]
+
+    def _release_waiters(self) -> None:
+        for waiting in self._waiting.values():
+            for fut in waiting.futures:
+                if not fut.done():
+                    fut.set_result(False)
+        self._waiting.clear()
+
+    # -- invalidation --
+
+    async def invalidate(self, invalidation: Invalidation, reason: str) -> int:
+        """Remove what ``invalidation`` matches from this process and, through Redis, from every
+        other one and from the shared tier (done when this returns, unless Redis failed);
+        returns how many local entries went. With Redis down: local only (each other process
+        emptied its local tier when it lost Redis, unless only this one lost it)."""
+        return self.store.purge(invalidation, reason) + await self._spread(invalidation, reason)
+
+    def invalidate_soon(self, invalidation: Invalidation, reason: str) -> int:
+        """:meth:`invalidate` for callers that cannot wait: the local entries go now (their
+        count is returned), the others in the background."""
+        count = self.store.purge(invalidation, reason)
+        if self.link.up:
+            self.tasks.spawn(self._spread_quietly(invalidation, reason), name="cluster:invalidate")
+        return count
+
+    async def _spread_quietly(self, invalidation: Invalidation, reason: str) -> None:
+        count = await self._spread(invalidation, reason)
+        if count and self.on_purged is not None:
+            self.on_purged(count)
+
+    async def _spread(self, invalidation: Invalidation, reason: str) -> int:
+        """Raise the generations ``invalidation`` touches and tell every process."""
+        if not self.link.up:
+            return 0
+        fields = [self._field(u, m) for u in self._upstreams(invalidation) for m in self._methods(invalidation)]
+        try:
+            generations = await self.link.run("invalidate", lambda: self._bump(fields))
+        except Unavailable as exc:
+            if not isinstance(exc.__cause__, ResponseError):
+                log.warning(_UNPUBLISHED, reason)
+                return 0
+            # A generation that is not a number (written over): new generations for all.
+            why = str(exc)
+            try:
+                generations = await self.link.run("invalidate", lambda: self._reset_generations(why))
+            except Unavailable:
+                log.warning(_UNPUBLISHED, reason)
+                return 0
+        if any(value <= self._generations.get(f, 0) for f, value in generations.items()):
+            # Lower than this process already had: Redis lost the hash (restarted empty, flushed).
+            # Generations from the clock are past every one used before.
+            try:
+                generations = await self.link.run("invalidate", lambda: self._reset_generations("lost"))
+            except Unavailable:
+                log.warning(_UNPUBLISHED, reason)
+                return 0
+        self._adopt(generations)
+        # Anything read back from Redis under the old generations while the bump was on its way.
+        count = self.store.purge(invalidation, reason)
+        try:
+            await self.feed.publish(
+                {
+                    "type": "invalidate",
+                    "invalidation": invalidation.to_json(),
+                    "reason": reason,
+                    "generations": generations,
+                    "origin": self.node_id,
+                }
+            )
+        except Unavailable:
+            log.warning(_UNPUBLISHED, reason)
+        return count
+
+    def _upstreams(self, invalidation: Invalidation) -> Iterable[str]:
+        return self.config.upstreams if invalidation.upstream is None else (invalidation.upstream,)
+
+    def _methods(self, invalidation: Invalidation) -> Iterable[str]:
+        return sorted(CACHEABLE_METHODS) if invalidation.methods is None else invalidation.methods
+
+    async def _bump(self, fields: list[str]) -> dict[str, int]:
+        name = self.link.key("generations")
+        async with self.link.client.pipeline(transaction=True) as pipe:
+            for f in fields:
+                pipe.hincrby(name, f, 1)
+            values = await pipe.execute()
+        return dict(zip(fields, (int(v) for v in values), strict=True))
+
+    def _adopt(self, generations: object) -> None:
+        """Take newer generations (never go back: events may come in any order after a reload)."""
+        if not isinstance(generations, dict):
+            return
+        for f, value in generations.items():
+            if isinstance(f, str) and type(value) is int and value > self._generations.get(f, 0):
+                self._generations[f] = value
+
+    async def _reload(self) -> None:
+        """On (re)connecting: the generations as Redis has them (a corrupt hash is replaced by
+        one that starts past every generation used before: the epoch in milliseconds)."""
+        name = self.link.key("generations")
+        client = self.link.client
+        try:
+            raw: Any = await client.hgetall(name)
+            loaded = {k.decode(): int(v) for k, v in raw.items()}
+        except (ValueError, UnicodeDecodeError, AttributeError) as exc:
+            loaded = await self._reset_generations(f"unreadable: {exc}")
+        except Exception as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            loaded = await self._reset_generations("not a hash")
+        if not loaded and self._generations:
+            # Gone while this process was away (Redis restarted empty, or flushed): numbering
+            # afresh from 1 would reuse generations this process still has entries under.
+            loaded = await self._reset_generations("gone")
+        self._adopt(loaded)
+
+    async def _reset_generations(self, why: str) -> dict[str, int]:
+        name = self.link.key("generations")
+        log.warning("shared tier: %s is %s; starting new generations", name, why)
+        self.metrics.cluster_errors.labels("corrupt_generations").inc()
+        start = int(self.wall_clock() * 1000)
+        fields = {self._field(u, m): start for u in self.config.upstreams for m in CACHEABLE_METHODS}
+        async with self.link.client.pipeline(transaction=True) as pipe:
+            pipe.delete(name)
+            pipe.hset(name, mapping=fields)  # type: ignore[arg-type]
+            await pipe.execute()
+        self.store.purge(lambda _k: True, "cluster")
+        return fields
+
+    def _event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "done":
+            waiting = self._waiting.get(event.get("id"))  # type: ignore[arg-type]
+            if waiting is not None:
+                for fut in waiting.futures:
+                    if not fut.done():
+                        fut.set_result(event.get("stored") is True)
+        elif kind == "invalidate":
+            self._adopt(event.get("generations"))
+            invalidation = Invalidation.from_json(event.get("invalidation"))
+            reason = event.get("reason")
+            if invalidation is None or event.get("origin") == self.node_id:
+                return
+            count = self.store.purge(invalidation, reason if reason in _REASONS else "notification")
+            if count and self.on_purged is not None:
+                self.on_purged(count)
+
+    def _lost(self, reason: str) -> None:
+        """The feed cannot vouch for the local tier any more: empty it, stop every wait."""
+        count = self.store.purge(lambda _k: True, "cluster")
+        self._release_waiters()
+        if count and self.on_purged is not None:
+            self.on_purged(count)
+        log.info("shared tier: %s; %d local entries dropped", reason, count)
+
+
+_UNPUBLISHED: Final = "shared tier: could not publish an invalidation (%s); other replicas keep their entries"
+_REASONS: Final = frozenset({"purge", "notification", "stream_lost"})

@@ -1,0 +1,98 @@
+"""The registry across a cluster: the lease holder's view of an upstream, shared through Redis.
+
+The process that holds an upstream's lease (:mod:`gateway.cluster.lease`) probes it and holds its
+listen stream; every :data:`MIRROR_S` it writes that upstream's :class:`UpstreamState` to
+``<key_prefix>:registry:<name>``, and every other process copies it from there, so that
+``/v0.1/servers``, ``/registry/versions`` and ``/readyz`` say the same on every replica.
+Versions observed in real traffic by a process that is not the holder are posted to
+``<key_prefix>:observed:<name>`` (a set the holder empties into its own state). What is read
+back is validated (pydantic, against :class:`UpstreamState`); a value that does not validate
+is ignored, and the last good copy kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Final
+
+from pydantic import TypeAdapter, ValidationError
+
+from ..cluster import RedisLink
+from ..codec import dumps
+from .state import MAX_VERSIONS, RegistryState, UpstreamState
+
+__all__ = ["MIRROR_S", "RegistryMirror"]
+
+log = logging.getLogger("mcp_gateway.registry")
+
+#: How often the holder writes, and the others read, each upstream's state, in seconds.
+MIRROR_S: Final = 1.0
+#: A written state outlives its writer by this long (in seconds): the holder's successor
+#: writes long before.
+STATE_TTL_S: Final = 60.0
+
+_STATE: Final = TypeAdapter(UpstreamState)
+
+
+class RegistryMirror:
+    """Writes and reads the shared copies of the registry's per-upstream state."""
+
+    def __init__(self, link: RedisLink, state: RegistryState) -> None:
+        self.link = link
+        self.state = state
+
+    async def publish(self, name: str) -> None:
+        """Write ``name``'s state (the holder), after taking in the versions others observed.
+
+        Raises:
+            Unavailable: Redis is down or failed.
+        """
+        state = self.state.upstreams[name]
+        mailbox = self.link.key("observed", name)
+
+        async def take() -> list[Any]:
+            async with self.link.client.pipeline(transaction=True) as pipe:
+                pipe.smembers(mailbox)
+                pipe.delete(mailbox)
+                members, _ = await pipe.execute()
+            return list(members)
+
+        for raw in await self.link.run("registry", take):
+            if isinstance(raw, bytes):
+                self.state.observe(name, raw.decode("utf-8", "replace"))
+        value = dumps(_STATE.dump_python(state, mode="json"))
+        await self.link.run(
+            "registry", lambda: self.link.client.set(self.link.key("registry", name), value, px=int(STATE_TTL_S * 1000))
+        )
+
+    async def load(self, name: str) -> bool:
+        """Copy ``name``'s shared state into this process (not the holder); whether there was a
+        valid one.
+
+        Raises:
+            Unavailable: Redis is down or failed.
+        """
+        raw = await self.link.run("registry", lambda: self.link.client.get(self.link.key("registry", name)))
+        if raw is None:
+            return False
+        try:
+            shared = _STATE.validate_json(raw)
+        except ValidationError:
+            self.link.metrics.cluster_errors.labels("corrupt_registry").inc()
+            log.warning("shared tier: the registry state of %s does not validate; ignored", name)
+            return False
+        if shared.name != name or len(shared.observed) > MAX_VERSIONS or len(shared.advertised) > MAX_VERSIONS:
+            return False
+        mine = self.state.upstreams[name]
+        for f in dataclasses.fields(UpstreamState):
+            setattr(mine, f.name, getattr(shared, f.name))
+        return True
+
+    async def post_observed(self, name: str, version: str) -> None:
+        """Tell the holder that ``version`` worked for ``name`` here.
+
+        Raises:
+            Unavailable: Redis is down or failed.
+        """
+        await self.link.run("registry", lambda: self.link.client.sadd(self.link.key("observed", name), version))

@@ -1,0 +1,207 @@
+"""The shared tier in-process: gateways built by ``create_app`` on one real Redis, with scripted
+upstreams for the faults real servers will not produce (a leader that never finishes, private
+answers). The replica tests (``test_replicas.py``) run real processes and SDK servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from gateway.app import CLUSTER
+from gateway.cache import CacheEntry, CacheKey, build_entry
+from gateway.cluster.entries import decode, encode, key_digest
+from tests.fleet_registry import wait_until
+from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
+from tests.support.redis import RedisServer
+from tests.support.wire import list_result, mcp_headers, rpc
+
+pytestmark = pytest.mark.timeout(60)
+
+ADMIN = "admin-token-0123456789"
+
+
+def cluster_config(redis: RedisServer, upstream: FakeUpstream, **up: Any) -> dict[str, Any]:
+    return {
+        "cluster": {"redis_url": redis.url, "key_prefix": "t"},
+        "admin": {"token": ADMIN},
+        "upstreams": {"a": {"url": upstream.url, **up}},
+    }
+
+
+async def connected(*gateways: RunningGateway) -> None:
+    await wait_until(
+        lambda: all(g.registry.get_sample_value("mcp_gateway_cluster_up") == 1 for g in gateways),
+        what="the shared tier up",
+    )
+
+
+async def call(http: aiohttp.ClientSession, gw: RunningGateway, id_: object, **params: Any) -> tuple[int, str, Any]:
+    async with http.post(
+        gw.url("a"), json=rpc("tools/list", id_=id_, **params), headers=mcp_headers("tools/list")
+    ) as r:
+        return r.status, r.headers.get("Cache-Status", ""), await r.json()
+
+
+# -- values in Redis ---------------------------------------------------------------------------------------
+
+
+def _entry(now: float, ttl_ms: int = 60_000) -> CacheEntry:
+    entry = build_entry(list_result(1, ttl_ms=ttl_ms), now, 3_600_000)
+    assert entry is not None
+    return entry
+
+
+KEY = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
+OTHER = CacheKey("a", "tools/list", b'{"cursor":"x"}', "2026-07-28", None)
+
+
+def test_an_entry_read_back_answers_as_the_one_stored_with_the_time_left() -> None:
+    entry = _entry(100.0)
+    value, left_ms = encode(key_digest(KEY), entry, clock_now=110.0, wall_now=5_000.0)
+    assert left_ms == 50_000
+    # Another process: another clock, the same wall clock 2 s later.
+    read = decode(
+        value, key_digest(KEY), clock_now=7.0, wall_now=5_002.0, max_ttl_ms=3_600_000, max_entry_bytes=1 << 20
+    )
+    assert read is not None
+    assert read.response(b'"x"', 7.0) == entry.response(b'"x"', 112.0)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda v: v[:-1],  # truncated
+        lambda v: b"X" + v[1:],  # wrong magic
+        lambda v: v[:10] + bytes([v[10] ^ 1]) + v[11:],  # a byte of the key's digest changed
+        lambda v: v[:40] + bytes([v[40] ^ 4]) + v[41:],  # the ttlMs cut moved
+        lambda v: v.replace(b'"tools"', b'"tool\\"'),  # not JSON any more
+        lambda v: v.replace(b'"public"', b'"private"'),  # a private result
+        lambda v: b"",
+        lambda v: b"\x00" * 64,
+    ],
+)
+def test_a_spoilt_value_is_a_miss(spoil: Any) -> None:
+    value, _ = encode(key_digest(KEY), _entry(100.0), clock_now=100.0, wall_now=5_000.0)
+    bounds = {"clock_now": 0.0, "wall_now": 5_000.0, "max_ttl_ms": 3_600_000, "max_entry_bytes": 1 << 20}
+    assert decode(value, key_digest(KEY), **bounds) is not None
+    assert decode(spoil(value), key_digest(KEY), **bounds) is None
+
+
+def test_a_value_of_another_key_or_expired_or_over_the_bounds_is_a_miss() -> None:
+    value, _ = encode(key_digest(KEY), _entry(100.0, ttl_ms=10_000), clock_now=100.0, wall_now=5_000.0)
+    bounds = {"clock_now": 0.0, "max_entry_bytes": 1 << 20}
+    assert decode(value, key_digest(OTHER), wall_now=5_000.0, max_ttl_ms=3_600_000, **bounds) is None
+    assert decode(value, key_digest(KEY), wall_now=5_010.0, max_ttl_ms=3_600_000, **bounds) is None
+    assert decode(value, key_digest(KEY), wall_now=5_000.0, max_ttl_ms=5_000, **bounds) is None
+    assert (
+        decode(value, key_digest(KEY), wall_now=5_000.0, max_ttl_ms=3_600_000, clock_now=0.0, max_entry_bytes=10)
+        is None
+    )
+
+
+# -- two gateways, one Redis ---------------------------------------------------------------------------------
+
+
+async def test_a_leader_that_never_finishes_holds_followers_for_the_upstream_timeout_only(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+    first = asyncio.Event()
+
+    async def hang_once(request: web.Request, msg: Any) -> web.StreamResponse:
+        if not first.is_set():
+            first.set()
+            await asyncio.sleep(30)  # the leader's upstream request never ends in time
+        return web.json_response(list_result(msg["id"]))
+
+    upstream.handlers["tools/list"] = hang_once
+    config = cluster_config(redis_server, upstream, timeout_s=1.5)
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    leader = asyncio.ensure_future(call(http, a, "leader"))
+    await asyncio.wait_for(first.wait(), 5)
+    started = time.monotonic()
+    status, cache_status, body = await call(http, b, "follower")
+    waited = time.monotonic() - started
+    assert (status, body["id"]) == (200, "follower")
+    assert "fwd=miss" in cache_status  # it went upstream itself
+    assert 1.0 <= waited < 4.0, waited
+    assert (await leader)[0] == 504
+    assert upstream.count("tools/list") == 2
+
+
+async def test_a_lock_written_over_without_expiry_does_not_hold_anyone(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+    a = await start_gateway(cluster_config(redis_server, upstream, timeout_s=20))
+    await connected(a)
+    key = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
+    ident = a.app[CLUSTER].ident(key._replace(capabilities=_empty_caps()))
+    redis_server.command("SET", f"t:lock:{ident}", "garbage")  # no expiry: not a lock a leader took
+    started = time.monotonic()
+    status, cache_status, _ = await call(http, a, 1)
+    assert status == 200 and "fwd=miss" in cache_status
+    assert time.monotonic() - started < 5
+
+
+def _empty_caps() -> bytes:
+    import hashlib
+
+    from gateway.cache import canonical_json
+
+    return hashlib.sha256(canonical_json({})).digest()
+
+
+async def test_private_answers_and_entries_keyed_on_a_callers_authorization_stay_out_of_redis(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    private = await start_upstream(lambda _r, msg: _json(list_result(msg["id"], scope="private")))
+    own_auth = await start_upstream()
+    config = {
+        "cluster": {"redis_url": redis_server.url, "key_prefix": "t"},
+        "upstreams": {"p": {"url": private.url}, "o": {"url": own_auth.url, "forward_authorization": True}},
+    }
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    secret = "Bearer caller-secret-0123456789"
+    for gw in (a, b):
+        for name in ("p", "o"):
+            async with http.post(
+                f"{gw.base_url}/servers/{name}/mcp",
+                json=rpc("tools/list", id_=1),
+                headers={**mcp_headers("tools/list"), "Authorization": secret},
+            ) as r:
+                assert r.status == 200
+                assert "detail=shared" not in r.headers["Cache-Status"]
+    assert private.count("tools/list") == 2  # never shared
+    assert own_auth.count("tools/list") == 2  # stored per process only
+    assert not [k for k in redis_server.scan_keys() if b":entry:" in k]
+    assert all(b"caller-secret" not in blob for blob in redis_server.blobs())
+
+
+async def _json(payload: Any) -> web.Response:
+    return web.json_response(payload)
+
+
+async def test_with_redis_paused_callers_are_answered_within_the_bound_and_sharing_resumes(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+    config = cluster_config(redis_server, upstream)
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    redis_server.pause(3.0)
+    started = time.monotonic()
+    answers = [await call(http, gw, i, cursor=f"c{i}") for i, gw in enumerate((a, b, a, b))]
+    assert [s for s, _, _ in answers] == [200] * 4
+    assert time.monotonic() - started < 2.5  # bounded per Redis call, then served without it
+    await wait_until(lambda: a.registry.get_sample_value("mcp_gateway_cluster_up") == 0, what="down", limit_s=5)
+    await connected(a, b)  # the pause ends: back by itself
+    assert (await call(http, a, "x", cursor="after"))[1].endswith("stored; ttl=60")
+    assert "detail=shared" in (await call(http, b, "y", cursor="after"))[1]
