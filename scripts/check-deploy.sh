@@ -191,6 +191,7 @@ step_config() {
   fi
   GATEWAY_TOKEN="${GATEWAY_TOKEN:-check-deploy-token}" \
   GATEWAY_ADMIN_TOKEN="${GATEWAY_ADMIN_TOKEN:-check-deploy-admin-token}" \
+  GATEWAY_METRICS_TOKEN="${GATEWAY_METRICS_TOKEN:-check-deploy-metrics-token}" \
   WEATHER_TOKEN="${WEATHER_TOKEN:-check-deploy-weather-token}" \
     mcp-gateway check-config "$DEPLOY/config.example.toml"
 }
