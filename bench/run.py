@@ -8,7 +8,8 @@ bytes, same event loop, same process count as the gateway), the gateway (``mcp-g
 default logging, i.e. the JSON access log at INFO, ``--workers N``), a second gateway with
 ``max_entries = 0`` (caching off), and for the memory figure a scripted upstream with ~4 KB
 pages (bench/paged_upstream.py). Load comes from ``wrk`` (bench/mcp.lua) and, for the cold
-burst and the memory fill, from this script. Every load is bounded in time and requests.
+burst, the memory fill and the cluster part, from this script (its plumbing: bench/harness.py).
+Every load is bounded in time and requests.
 
 For each worker count N it measures, side by side:
   cached      ``tools/list`` and ``server/discover`` hits: requests/s, p50, p99, ratio to the floor
@@ -18,7 +19,11 @@ For each worker count N it measures, side by side:
               1 connection, throughput ratio at 8 connections;
   cold burst  200 concurrent identical ``tools/list`` on an empty cache: upstream requests made
               (counted by the upstream itself);
-and once, with one worker: resident memory per stored ~4 KB entry over 10,000 entries.
+  cluster     with one worker, a gateway with ``[cluster]`` (on a ``redis-server`` this script
+              starts) is one more target of the cached rotation: hits from its local tier;
+and once: with replicas on that Redis (bench/cluster.py), a hit from Redis against a local hit,
+a cold burst over 2 replicas, purge to consistency over 3; with one worker, resident memory per
+stored ~4 KB entry over 10,000 entries.
 
 Prints markdown tables and writes JSON to bench-results/latest.json. Child processes are
 stopped on exit, error and Ctrl-C.
@@ -28,35 +33,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import contextlib
-import http.client
 import importlib.metadata
 import json
 import os
 import platform
-import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "bench"
-LUA = BENCH / "mcp.lua"
-PY = sys.executable
-HOST = "127.0.0.1"
-V = "2026-07-28"
-META = {"io.modelcontextprotocol/protocolVersion": V, "io.modelcontextprotocol/clientCapabilities": {}}
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (also when imported from elsewhere)
+
+import cluster
+from harness import (
+    BENCH,
+    HOST,
+    PY,
+    ROOT,
+    Fleet,
+    fetch,
+    fleet_context,
+    free_port,
+    gateway_argv,
+    log,
+    mcp_body,
+    mcp_call,
+    mcp_headers,
+    median_run,
+    metric,
+    read_response,
+    rss_kib,
+    set_group_affinity,
+    upstream_counts,
+    wait_ready,
+    wrk,
+)
+
 CALL_NAME = "get_issue"
 CALL_ARGS = {"repo": "acme/payments-api", "number": 42}
 
@@ -65,30 +83,12 @@ TARGETS = {
     "forward_added_p50_ms_max": 1.0,
     "cold_burst_upstream_requests": 1,
     "memory_ratio_max": 2.5,
+    # The cluster part (bench/cluster.py, issue 13).
+    "cluster_cached_ratio_min": 0.8,
+    "cluster_shared_added_p50_ms_max": 0.5,
+    "cluster_burst_upstream_requests": 1,
+    "cluster_purge_p99_ms_max": 100,
 }
-
-
-# -- child processes ----------------------------------------------------------------------
-
-
-def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that restricts the child to ``cpus`` (``None``: no restriction)."""
-    if cpus is None:
-        return None
-    return lambda: os.sched_setaffinity(0, cpus)
-
-
-def set_group_affinity(pgid: int, cpus: set[int]) -> None:
-    """Restrict every live process of process group ``pgid`` (a server and its workers) to ``cpus``."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
-                os.sched_setaffinity(int(entry.name), cpus)
-        except (OSError, ValueError):
-            continue  # gone meanwhile
 
 
 def cpu_plan(workers: int, pin: bool) -> tuple[set[int] | None, set[int] | None]:
@@ -102,219 +102,7 @@ def cpu_plan(workers: int, pin: bool) -> tuple[set[int] | None, set[int] | None]
     return {cpus[0]}, set(cpus[1:])
 
 
-@dataclass
-class Fleet:
-    """Every child process this run started, each in its own process group."""
-
-    logs: Path
-    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = open(self.logs / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,  # its own group: workers it forks are stopped with it
-        )
-        log.close()
-        self.procs.append((name, proc))
-        return proc
-
-    def stop(self, proc: subprocess.Popen[bytes]) -> None:
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            if proc.poll() is not None:
-                break
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(wait)
-        # Workers of a gateway whose parent already exited: their group is still the leader's pid.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        self.procs = [(n, p) for n, p in self.procs if p is not proc]
-
-    def close(self) -> None:
-        for _, proc in reversed(list(self.procs)):
-            self.stop(proc)
-
-    def log_tail(self, name: str, lines: int = 20) -> str:
-        path = self.logs / f"{name}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-# -- plain HTTP (stdlib; setup and checks only) ---------------------------------------------
-
-
-def mcp_body(method: str, id_: object = 1, **params: Any) -> bytes:
-    return json.dumps(
-        {"jsonrpc": "2.0", "id": id_, "method": method, "params": {**params, "_meta": META}},
-        separators=(",", ":"),
-    ).encode()
-
-
-def mcp_headers(method: str, name: str | None = None) -> dict[str, str]:
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": V,
-        "Mcp-Method": method,
-    }
-    if name is not None:
-        headers["Mcp-Name"] = name
-    return headers
-
-
-def fetch(
-    port: int, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection(HOST, port, timeout=30)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        resp = conn.getresponse()
-        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    finally:
-        conn.close()
-
-
-def mcp_call(port: int, path: str, method: str, id_: object = 1, **params: Any) -> tuple[int, dict[str, str], bytes]:
-    name = params.get("name") if method == "tools/call" else None
-    return fetch(port, "POST", path, mcp_body(method, id_, **params), mcp_headers(method, name))
-
-
-def wait_ready(fleet: Fleet, name: str, proc: subprocess.Popen[bytes], probe: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{fleet.log_tail(name)}")
-        try:
-            if probe():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{name} not ready after 60 s:\n{fleet.log_tail(name)}")
-
-
-def upstream_counts(port: int) -> Counter[str]:
-    return Counter(json.loads(fetch(port, "GET", "/_counts")[2]))
-
-
-def metric(port: int, name: str) -> float:
-    """One unlabelled sample from a gateway's /metrics (the worker the connection reached)."""
-    text = fetch(port, "GET", "/metrics")[2].decode()
-    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    return float(m.group(1)) if m else float("nan")
-
-
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU seconds used so far by the live processes of process group ``pgid``."""
-    ticks = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:  # fields[2] is pgrp; utime, stime are fields 11 and 12
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-# -- wrk ------------------------------------------------------------------------------------
-
-
-def wrk(
-    fleet: Fleet,
-    url: str,
-    method: str,
-    *,
-    connections: int,
-    duration: float,
-    name: str | None = None,
-    args: dict[str, Any] | None = None,
-    server: subprocess.Popen[bytes] | None = None,
-    cpus: set[int] | None = None,
-) -> dict[str, Any]:
-    """One wrk run (1 thread); requests/s and latency percentiles in ms, and with ``server``
-    the CPU time its process group (all its workers) spent per request, in microseconds."""
-    env = {"MCP_METHOD": method}
-    if name is not None:
-        env["MCP_NAME"] = name
-        env["MCP_ARGS"] = json.dumps(args or {}, separators=(",", ":"))
-    load_before = os.getloadavg()[0]
-    cpu_before = group_cpu_seconds(server.pid) if server is not None else 0.0
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--timeout", "10s", "-s", str(LUA), url]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **env},
-        start_new_session=True,
-        preexec_fn=pinned(cpus),
-    )
-    fleet.procs.append(("wrk", proc))
-    try:
-        out, _ = proc.communicate(timeout=duration + 60)
-    finally:
-        fleet.stop(proc)
-    cpu = group_cpu_seconds(server.pid) - cpu_before if server is not None else None
-    line = next((ln for ln in out.decode().splitlines() if ln.startswith("BENCH_JSON ")), None)
-    if line is None:
-        raise RuntimeError(f"wrk gave no summary:\n{out.decode()}")
-    raw = json.loads(line[len("BENCH_JSON ") :])
-    lat = raw["latency_us"]
-    errors = raw["errors"]
-    return {
-        "rps": round(raw["requests"] / (raw["duration_us"] / 1e6), 1),
-        "p50_ms": lat["p50"] / 1000,
-        "p90_ms": lat["p90"] / 1000,
-        "p99_ms": lat["p99"] / 1000,
-        "requests": raw["requests"],
-        "non_2xx": errors["status"],
-        "socket_errors": errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
-        "connections": connections,
-        "duration_s": duration,
-        "loadavg_1m_before": round(load_before, 2),
-        "cpu_us_per_request": round(cpu * 1e6 / raw["requests"], 1) if cpu is not None and raw["requests"] else None,
-    }
-
-
 # -- the cold burst ---------------------------------------------------------------------------
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            k, v = line.split(":", 1)
-            headers[k.strip().lower()] = v.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return status, headers, body
 
 
 async def _burst(port: int, path: str, count: int) -> list[tuple[int, dict[str, str], bytes]]:
@@ -333,7 +121,7 @@ async def _burst(port: int, path: str, count: int) -> list[tuple[int, dict[str, 
             requests.append(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
         for (_, writer), request in zip(conns, requests, strict=True):  # all sent in one loop pass
             writer.write(request)
-        return await asyncio.wait_for(asyncio.gather(*(_read_response(r) for r, _ in conns)), 60)
+        return await asyncio.wait_for(asyncio.gather(*(read_response(r) for r, _ in conns)), 60)
     finally:
         for _, writer in conns:
             writer.close()
@@ -431,29 +219,6 @@ def memory(fleet: Fleet, workdir: Path, entries: int, opts: argparse.Namespace) 
 # -- one worker count ----------------------------------------------------------------------------
 
 
-def gateway_argv(
-    config: Path, workers: int, log_level: str, loop: str = "auto", plain: bool = False
-) -> list[str]:
-    """``mcp-gateway serve`` for ``config``; ``plain``: without the hit path's speed-ups."""
-    return [
-        PY,
-        "-m",
-        "gateway.cli",
-        "serve",
-        "--config",
-        str(config),
-        "--workers",
-        str(workers),
-        "--log-level",
-        log_level,
-        "--log-format",
-        "json",
-        "--loop",
-        loop,
-        *(["--plain-path"] if plain else []),
-    ]
-
-
 def write_gateway_config(path: Path, port: int, upstream_port: int, *, caching: bool) -> None:
     cache = "" if caching else "[cache]\nmax_entries = 0   # caching off: every request is forwarded\n\n"
     path.write_text(
@@ -476,90 +241,109 @@ def check_hit(port: int, method: str) -> None:
         raise RuntimeError(f"{method} through the gateway is not a correct hit: {status} {headers} {body[:200]!r}")
 
 
-def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the median requests/s (its own latencies), plus every run's requests/s."""
-    ordered = sorted(runs, key=lambda r: r["rps"])
-    mid = dict(ordered[(len(ordered) - 1) // 2])
-    mid["rps_all"] = [r["rps"] for r in runs]
-    mid["non_2xx"] = sum(r["non_2xx"] for r in runs)
-    mid["socket_errors"] = sum(r["socket_errors"] for r in runs)
-    return mid
-
-
 def bench_workers(
-    fleet: Fleet, workdir: Path, n: int, up_port: int, bodies: dict[str, Path], opts: argparse.Namespace
+    fleet: Fleet,
+    workdir: Path,
+    n: int,
+    up_port: int,
+    bodies: dict[str, Path],
+    opts: argparse.Namespace,
+    redis_port: int | None = None,
 ) -> dict[str, Any]:
+    """Every part for ``n`` workers; with ``redis_port`` (the cluster part) and one worker, the
+    cached rotation also has a gateway with ``[cluster]`` (bench/cluster.py)."""
+    parts = opts.parts
+    with_cluster = redis_port is not None and n == 1
+    cached = "cached" in parts or with_cluster
     floor_port, gw_port, off_port, plain_port = free_port(), free_port(), free_port(), free_port()
     floor_argv = [PY, str(BENCH / "floor.py"), "--port", str(floor_port), "--workers", str(n), "--loop", opts.loop]
     floor_argv += ["--body", str(bodies["tools/list"])] + [f"--body={m}={p}" for m, p in bodies.items()]
     server_cpus, wrk_cpus = cpu_plan(n, opts.pin)
-    floor = fleet.start(f"floor-{n}", floor_argv)
     on_cfg, off_cfg = workdir / f"gateway-{n}.toml", workdir / f"gateway-{n}-off.toml"
     plain_cfg = workdir / f"gateway-{n}-plain.toml"
     write_gateway_config(on_cfg, gw_port, up_port, caching=True)
     write_gateway_config(off_cfg, off_port, up_port, caching=False)
     write_gateway_config(plain_cfg, plain_port, up_port, caching=True)
-    gw = fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop))
-    off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop))
-    plain = fleet.start(f"gateway-{n}-plain", gateway_argv(plain_cfg, n, opts.log_level, opts.loop, plain=True))
-    wait_ready(fleet, f"floor-{n}", floor, lambda: fetch(floor_port, "POST", "/", b"{}")[0] == 200)
-    gateways = (
-        (f"gateway-{n}", gw, gw_port),
-        (f"gateway-{n}-off", off, off_port),
-        (f"gateway-{n}-plain", plain, plain_port),
-    )
-    for name, proc, port in gateways:
-        wait_ready(fleet, name, proc, lambda port=port: fetch(port, "GET", "/readyz")[0] == 200)
+    # (name, process, port) of each server this worker count needs, by role.
+    servers: dict[str, tuple[str, subprocess.Popen[bytes], int]] = {}
+    if cached:
+        servers["floor"] = (f"floor-{n}", fleet.start(f"floor-{n}", floor_argv), floor_port)
+    if parts & {"burst", "cached", "forwarding"}:
+        servers["gateway"] = (
+            f"gateway-{n}",
+            fleet.start(f"gateway-{n}", gateway_argv(on_cfg, n, opts.log_level, opts.loop)),
+            gw_port,
+        )
+    if "forwarding" in parts:
+        off = fleet.start(f"gateway-{n}-off", gateway_argv(off_cfg, n, opts.log_level, opts.loop))
+        servers["off"] = (f"gateway-{n}-off", off, off_port)
+    if "cached" in parts:
+        plain = fleet.start(f"gateway-{n}-plain", gateway_argv(plain_cfg, n, opts.log_level, opts.loop, plain=True))
+        servers["plain"] = (f"gateway-{n}-plain", plain, plain_port)
+    if with_cluster:
+        assert redis_port is not None
+        replica = cluster.start_cached_replica(fleet, workdir, up_port, redis_port, opts)
+        servers["cluster"] = (replica.name, replica.proc, replica.port)
+    for role, (name, proc, port) in servers.items():
+        if role == "floor":
+            wait_ready(fleet, name, proc, lambda port=port: fetch(port, "POST", "/", b"{}")[0] == 200)
+        else:
+            wait_ready(fleet, name, proc, lambda port=port: fetch(port, "GET", "/readyz")[0] == 200)
     time.sleep(0.5 * n)  # every worker up, not only the first to answer
     path = "/servers/workspace/mcp"
-    gw_url, off_url = f"http://{HOST}:{gw_port}{path}", f"http://{HOST}:{off_port}{path}"
-    floor_url, direct_url = f"http://{HOST}:{floor_port}{path}", f"http://{HOST}:{up_port}/mcp"
-    plain_url = f"http://{HOST}:{plain_port}{path}"
+    urls = {role: f"http://{HOST}:{port}{path}" for role, (_, _, port) in servers.items()}
+    urls["floor"] = f"http://{HOST}:{floor_port}{path}"
+    direct_url = f"http://{HOST}:{up_port}/mcp"
     out: dict[str, Any] = {
         "workers": n,
         # Only for the cached runs: when forwarding, the upstream needs a CPU as well.
-        "cpus": {"servers": sorted(server_cpus), "wrk": sorted(wrk_cpus or ())} if server_cpus else None,
+        "cpus": {"servers": sorted(server_cpus), "wrk": sorted(wrk_cpus or ())} if server_cpus and cached else None,
     }
 
-    if "burst" in opts.parts:
+    if "burst" in parts:
         log(f"[workers={n}] cold burst: 200 concurrent tools/list on an empty cache")
         out["cold_burst"] = cold_burst(gw_port, up_port)
-    if "cached" in opts.parts:
+    if cached:
+        # The floor first; then the gateway, its plain path and the [cluster] replica, those present.
+        targets = {role: (urls[role], servers[role][1], servers[role][2]) for role in CACHED_ROLES if role in servers}
         every_cpu = os.sched_getaffinity(0)
-        for proc in (floor, gw, plain):
+        for _, proc, _ in targets.values():
             set_group_affinity(proc.pid, server_cpus or every_cpu)
         opts.wrk_cpus = wrk_cpus
         try:
-            targets = ((floor_url, floor), (gw_url, gw), (plain_url, plain))
-            out["cached"] = cached_runs(fleet, n, (gw_port, plain_port), up_port, *targets, bodies, opts)
+            out["cached"] = cached_runs(fleet, n, targets, up_port, bodies, opts)
         finally:
-            for proc in (floor, gw, plain):
+            for _, proc, _ in targets.values():
                 set_group_affinity(proc.pid, every_cpu)
             opts.wrk_cpus = None
-    if "forwarding" in opts.parts:
-        out["forwarding"] = forwarding_runs(fleet, n, direct_url, gw_url, off_url, opts)
-    for proc in (floor, gw, off, plain):
+    if "forwarding" in parts:
+        out["forwarding"] = forwarding_runs(fleet, n, direct_url, urls["gateway"], urls["off"], opts)
+    for _, proc, _ in servers.values():
         fleet.stop(proc)
     return out
+
+
+#: The cached rotation's targets, in their first round's order ("floor" first, the reference).
+CACHED_ROLES = ("floor", "gateway", "plain", "cluster")
 
 
 def cached_runs(
     fleet: Fleet,
     n: int,
-    gw_ports: tuple[int, int],
+    targets: dict[str, tuple[str, subprocess.Popen[bytes], int]],
     up_port: int,
-    floor: tuple[str, subprocess.Popen[bytes]],
-    gateway: tuple[str, subprocess.Popen[bytes]],
-    plain: tuple[str, subprocess.Popen[bytes]],
     bodies: dict[str, Path],
     opts: argparse.Namespace,
 ) -> dict[str, Any]:
-    """Cached hits on the floor, the gateway and the gateway on its plain path (no hit-path
-    speed-ups, ``--plain-path``), the order rotated every round."""
+    """Cached hits on the floor and on each gateway in ``targets`` (role -> url, process, port):
+    the gateway, the gateway on its plain path (no hit-path speed-ups, ``--plain-path``), the
+    gateway with ``[cluster]`` (hits from its local tier); the order rotated every round."""
     path = "/servers/workspace/mcp"
 
     # Warm every worker's cache (new connections spread over the workers), then check.
-    for gw_port in gw_ports:
+    for role, (_, _, gw_port) in targets.items():
+        if role == "floor":
+            continue
         for method in ("tools/list", "server/discover"):
             for i in range(20 * n):
                 mcp_call(gw_port, path, method, i)
@@ -567,12 +351,14 @@ def cached_runs(
     before = upstream_counts(up_port)
     cached: dict[str, Any] = {}
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    order = list(targets)
     for r in range(opts.rounds):
         for method in ("tools/list", "server/discover"):
-            # The order rotates every round (floor, gateway or plain first): a machine that
-            # speeds up or slows down during a round favours no side over the rounds.
-            trio = (("floor", floor), ("gateway", gateway), ("plain", plain))
-            for target, (url, server) in trio[r % 3 :] + trio[: r % 3]:
+            # The order rotates every round (each target first in turn): a machine that speeds
+            # up or slows down during a round favours no side over the rounds.
+            k = r % len(order)
+            for target in order[k:] + order[:k]:
+                url, server, _ = targets[target]
                 log(f"[workers={n}] cached {method}: {target} (round {r + 1}/{opts.rounds})")
                 runs.setdefault((method, target), []).append(
                     wrk(
@@ -587,29 +373,30 @@ def cached_runs(
                 )
     upstream_during = upstream_counts(up_port) - before
     for method in ("tools/list", "server/discover"):
-        floor_runs, gw_runs = runs[(method, "floor")], runs[(method, "gateway")]
-        plain_runs = runs[(method, "plain")]
-        ratios = [g["rps"] / f["rps"] for g, f in zip(gw_runs, floor_runs, strict=True)]
-        plain_ratios = [p["rps"] / f["rps"] for p, f in zip(plain_runs, floor_runs, strict=True)]
-        cpu_ratios = [
-            f["cpu_us_per_request"] / g["cpu_us_per_request"]
-            for g, f in zip(gw_runs, floor_runs, strict=True)
-            if g["cpu_us_per_request"] and f["cpu_us_per_request"]
-        ]
-        cached[method] = {
-            "gateway": median_run(gw_runs),
-            "floor": median_run(floor_runs),
-            "ratio": round(statistics.median(ratios), 3),
-            "ratio_all": [round(x, 3) for x in ratios],
-            # The same gateway without the hit path's speed-ups (gateway/proxy/hot.py).
-            "plain_ratio": round(statistics.median(plain_ratios), 3),
-            "plain_ratio_all": [round(x, 3) for x in plain_ratios],
-            # floor CPU per request / gateway CPU per request: the same ratio, less sensitive
-            # to other load on the machine (it is what the throughput ratio would be if both
-            # had the CPU to themselves).
-            "cpu_ratio": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
-            "response_bytes": bodies[method].stat().st_size,
-        }
+        floor_runs = runs[(method, "floor")]
+        row: dict[str, Any] = {"floor": median_run(floor_runs), "response_bytes": bodies[method].stat().st_size}
+        for target in order:
+            if target == "floor":
+                continue
+            target_runs = runs[(method, target)]
+            ratios = [g["rps"] / f["rps"] for g, f in zip(target_runs, floor_runs, strict=True)]
+            # "ratio" for the gateway; "plain_ratio" for the same gateway without the hit path's
+            # speed-ups (gateway/proxy/hot.py); "cluster_ratio" for the gateway with [cluster].
+            name = "ratio" if target == "gateway" else f"{target}_ratio"
+            row[target] = median_run(target_runs)
+            row[name] = round(statistics.median(ratios), 3)
+            row[f"{name}_all"] = [round(x, 3) for x in ratios]
+            if target == "gateway":
+                cpu_ratios = [
+                    f["cpu_us_per_request"] / g["cpu_us_per_request"]
+                    for g, f in zip(target_runs, floor_runs, strict=True)
+                    if g["cpu_us_per_request"] and f["cpu_us_per_request"]
+                ]
+                # floor CPU per request / gateway CPU per request: the same ratio, less sensitive
+                # to other load on the machine (it is what the throughput ratio would be if both
+                # had the CPU to themselves).
+                row["cpu_ratio"] = round(statistics.median(cpu_ratios), 3) if cpu_ratios else None
+        cached[method] = row
     cached["upstream_requests_during_cached_runs"] = dict(upstream_during)
     return cached
 
@@ -694,85 +481,101 @@ def machine(loop_option: str) -> dict[str, Any]:
     }
 
 
+def section(title: list[str], header: list[str], rows: list[str]) -> list[str]:
+    """A titled markdown table, preceded by a blank line; nothing when there are no rows."""
+    return ["", *title, "", *header, *rows] if rows else []
+
+
 def tables(result: dict[str, Any]) -> str:
-    lines = []
     conns = result["options"]["connections"]
-    lines.append(
-        f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count;"
-        f" median of {result['options']['rounds']} rounds, floor, gateway and plain path back to back;"
-        " plain path = the gateway without the hit path's speed-ups, --plain-path)"
-    )
     pins = [
         f"{w['workers']} worker: servers on CPU {w['cpus']['servers']}, wrk on CPU {w['cpus']['wrk']}"
         for w in result["workers"]
         if w.get("cpus")
     ]
-    if pins:
-        lines.append("Pinned: " + "; ".join(pins))
-    lines.append("")
-    lines.append(
-        "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms "
-        "| ratio (rounds' range) "
-        "| CPU µs/req gateway / floor | CPU ratio | plain path ratio (range) |"
-    )
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for w in result["workers"]:
-        for method in ("tools/list", "server/discover") if "cached" in w else ():
+        if "gateway" not in w.get("cached", {}).get("tools/list", {}):
+            continue  # the cluster part alone: its rows are in the cluster table
+        for method in ("tools/list", "server/discover"):
             c = w["cached"][method]
             g, f = c["gateway"], c["floor"]
-            lines.append(
+            rows.append(
                 f"| {w['workers']} | {method} ({c['response_bytes']} B) | {g['rps']:.0f} | {g['p50_ms']:.2f} | "
                 f"{g['p99_ms']:.2f} | {f['rps']:.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | {c['ratio']:.2f} "
                 f"({min(c['ratio_all']):.2f}-{max(c['ratio_all']):.2f}) "
                 f"| {g['cpu_us_per_request']} / {f['cpu_us_per_request']} | {c['cpu_ratio']} "
                 f"| {c['plain_ratio']:.2f} ({min(c['plain_ratio_all']):.2f}-{max(c['plain_ratio_all']):.2f}) |"
             )
-    lines.append("")
-    fwd = result["options"]["fwd_connections"]
-    lines.append(
-        f"Forwarding (latency at 1 connection, medians of alternating rounds; throughput at {fwd} connections; "
-        "direct = the SDK upstream itself)"
+    lines = section(
+        [
+            f"Cached path (wrk, 1 thread, {conns} connections; ratio = gateway/floor requests/s, same process count;"
+            f" median of {result['options']['rounds']} rounds, floor, gateway, plain path (and with the cluster"
+            " part and 1 worker, the gateway with [cluster]) back to back;"
+            " plain path = the gateway without the hit path's speed-ups, --plain-path)",
+            *(["Pinned: " + "; ".join(pins)] if pins else []),
+        ],
+        [
+            "| workers | request | gateway req/s | p50 ms | p99 ms | floor req/s | floor p50 ms | floor p99 ms "
+            "| ratio (rounds' range) | CPU µs/req gateway / floor | CPU ratio | plain path ratio (range) |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ],
+        rows,
     )
-    lines.append("")
-    lines.append(
-        "| workers | request | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms | direct req/s | "
-        "gateway req/s | ratio |"
-    )
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for w in result["workers"]:
         for label, row in w.get("forwarding", {}).items():
             d, g = row["direct_latency"], row["gateway_latency"]
-            lines.append(
+            rows.append(
                 f"| {w['workers']} | {label} | {d['p50_ms']:.2f} / {d['p99_ms']:.2f} | {g['p50_ms']:.2f} / "
                 f"{g['p99_ms']:.2f} | {row['added_p50_ms']:+.2f} / {row['added_p99_ms']:+.2f} | "
                 f"{row['direct_throughput']['rps']:.0f} | {row['gateway_throughput']['rps']:.0f} | "
                 f"{row['throughput_ratio']:.2f} |"
             )
-    lines.append("")
-    lines.append("Cold burst (200 concurrent identical tools/list, empty cache; counted at the upstream)")
-    lines.append("")
-    lines.append("| workers | upstream requests | HTTP statuses | answered as | wrong ids | seconds |")
-    lines.append("|---|---:|---|---|---:|---:|")
+    lines += section(
+        [
+            f"Forwarding (latency at 1 connection, medians of alternating rounds; throughput at "
+            f"{result['options']['fwd_connections']} connections; direct = the SDK upstream itself)"
+        ],
+        [
+            "| workers | request | direct p50/p99 ms | gateway p50/p99 ms | added p50/p99 ms | direct req/s | "
+            "gateway req/s | ratio |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ],
+        rows,
+    )
+    rows = []
     for w in result["workers"]:
         if "cold_burst" not in w:
             continue
         b = w["cold_burst"]
         statuses = ", ".join(f"{k}: {v}" for k, v in sorted(b["statuses"].items()))
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(b["cache_status"].items()))
-        lines.append(
+        rows.append(
             f"| {w['workers']} | {b['upstream_requests']} | {statuses} | {kinds} | {b['wrong_ids']} | {b['seconds']} |"
         )
+    lines += section(
+        ["Cold burst (200 concurrent identical tools/list, empty cache; counted at the upstream)"],
+        [
+            "| workers | upstream requests | HTTP statuses | answered as | wrong ids | seconds |",
+            "|---|---:|---|---|---:|---:|",
+        ],
+        rows,
+    )
     m = result.get("memory")
     if m:
-        lines.append("")
-        lines.append(f"Memory (1 worker; RSS growth over {m['entries']} stored entries)")
-        lines.append("")
-        lines.append("| entries stored | payload B/entry | RSS before MiB | RSS after MiB | RSS B/entry | ratio |")
-        lines.append("|---:|---:|---:|---:|---:|---:|")
-        lines.append(
-            f"| {m['stored']} | {m['payload_bytes_per_entry']:.0f} | {m['rss_before_kib'] / 1024:.1f} | "
-            f"{m['rss_after_kib'] / 1024:.1f} | {m['rss_bytes_per_entry']:.0f} | {m['ratio']:.2f} |"
+        lines += section(
+            [f"Memory (1 worker; RSS growth over {m['entries']} stored entries)"],
+            [
+                "| entries stored | payload B/entry | RSS before MiB | RSS after MiB | RSS B/entry | ratio |",
+                "|---:|---:|---:|---:|---:|---:|",
+            ],
+            [
+                f"| {m['stored']} | {m['payload_bytes_per_entry']:.0f} | {m['rss_before_kib'] / 1024:.1f} | "
+                f"{m['rss_after_kib'] / 1024:.1f} | {m['rss_bytes_per_entry']:.0f} | {m['ratio']:.2f} |"
+            ],
         )
+    lines += section(*cluster.table(result, TARGETS))
     mach = result["machine"]
     lines.append("")
     lines.append(
@@ -780,7 +583,7 @@ def tables(result: dict[str, Any]) -> str:
         f"{mach['event_loop']}, aiohttp {mach['packages'].get('aiohttp')}, {mach['wrk']}; "
         f"load average at start {mach['loadavg_at_start'][0]}."
     )
-    return "\n".join(lines)
+    return "\n".join(lines[1:] if lines[:1] == [""] else lines)
 
 
 def verdicts(result: dict[str, Any]) -> dict[str, Any]:
@@ -788,7 +591,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
     for w in result["workers"]:
         n = w["workers"]
         v: dict[str, bool] = {}
-        if "cached" in w:
+        if "gateway" in w.get("cached", {}).get("tools/list", {}):
             methods = ("tools/list", "server/discover")
             v["cached_ratio_ok"] = all(w["cached"][m]["ratio"] >= TARGETS["cached_ratio_min"] for m in methods)
             v["cached_no_errors"] = all(
@@ -805,15 +608,15 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
             v["cold_burst_ok"] = made == TARGETS["cold_burst_upstream_requests"]
             # Each worker has its own cache: N workers may each fetch a cold key once.
             v["cold_burst_at_most_one_per_worker"] = 1 <= made <= n
-        out[f"workers={n}"] = v
+        if v:
+            out[f"workers={n}"] = v
+    cluster_verdicts = cluster.verdicts(result, TARGETS)
+    if cluster_verdicts:
+        out["cluster"] = cluster_verdicts
     m = result.get("memory")
     if m:
         out["memory_ok"] = m["ratio"] is not None and m["ratio"] <= TARGETS["memory_ratio_max"]
     return out
-
-
-def log(msg: str) -> None:
-    print(f"bench: {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -840,8 +643,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the memory figure")
     p.add_argument(
         "--only",
-        default="burst,cached,forwarding",
-        help="comma-separated parts to run per worker count: burst, cached, forwarding (default all)",
+        default="burst,cached,forwarding,cluster",
+        help="comma-separated parts: burst, cached, forwarding (per worker count), cluster (a redis-server, a"
+        " gateway with [cluster] in the 1-worker cached rotation, then shared hits, a burst over 2 replicas and"
+        " purges over 3, once) (default all)",
     )
     p.add_argument("--log-level", default="info", help="gateway --log-level (default info: access log on)")
     p.add_argument(
@@ -867,24 +672,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     opts.fwd_rounds = opts.fwd_rounds or (1 if opts.quick else 9)
     opts.memory_entries = opts.memory_entries or (2000 if opts.quick else 10_000)
     return opts
-
-
-@contextlib.contextmanager
-def fleet_context(logs: Path) -> Iterator[Fleet]:
-    fleet = Fleet(logs)
-    atexit.register(fleet.close)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    # Ctrl-C stops the run even where SIGINT was inherited as ignored (background jobs).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield fleet
-    finally:
-        fleet.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -934,9 +721,16 @@ def main(argv: list[str] | None = None) -> int:
             "tools_list_bytes": bodies["tools/list"].stat().st_size,
             "server_discover_bytes": bodies["server/discover"].stat().st_size,
         }
+        redis_port = None
+        if "cluster" in opts.parts:
+            log("starting redis-server (persistence off) for the cluster part")
+            redis, redis_port = cluster.start_redis(fleet, workdir)
         result["workers"] = []
         for n in opts.worker_counts:
-            result["workers"].append(bench_workers(fleet, workdir, n, up_port, bodies, opts))
+            result["workers"].append(bench_workers(fleet, workdir, n, up_port, bodies, opts, redis_port))
+        if redis_port is not None:
+            result["cluster"] = cluster.run(fleet, workdir, up_port, redis_port, opts)
+            fleet.stop(redis)
         if not opts.no_memory:
             log(f"memory: storing {opts.memory_entries} entries of ~4 KB")
             result["memory"] = memory(fleet, workdir, opts.memory_entries, opts)
