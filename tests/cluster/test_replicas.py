@@ -653,6 +653,16 @@ def requests_total(samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], flo
     return samples.get(("mcp_gateway_requests_total", labels), 0.0)
 
 
+async def start_worker_group(
+    redis_server: RedisServer, start_replicas: StartReplicas, public_up: Upstream, with_cluster: bool
+) -> Replicas:
+    """One ``serve --workers 2`` in front of ``public_up``, with or without ``[cluster]``."""
+    config = cluster_config(redis_server, {"pub": public_up})
+    if not with_cluster:
+        del config["cluster"]
+    return await start_replicas(config, 1, extra_args=("--workers", "2"))
+
+
 @pytest.mark.parametrize("with_cluster", [True, False], ids=["cluster", "no-cluster"])
 async def test_workers_scrapes_are_monotonic_and_sum_over_the_workers(
     redis_server: RedisServer,
@@ -661,10 +671,7 @@ async def test_workers_scrapes_are_monotonic_and_sum_over_the_workers(
     public_up: Upstream,
     with_cluster: bool,
 ) -> None:
-    config = cluster_config(redis_server, {"pub": public_up})
-    if not with_cluster:
-        del config["cluster"]
-    replicas = await start_replicas(config, 1, extra_args=("--workers", "2"))
+    replicas = await start_worker_group(redis_server, start_replicas, public_up, with_cluster)
     seen: list[float] = []
     sent = 0
     for _ in range(12):
@@ -690,10 +697,7 @@ async def test_a_purge_reaches_every_worker(
     public_up: Upstream,
     with_cluster: bool,
 ) -> None:
-    config = cluster_config(redis_server, {"pub": public_up})
-    if not with_cluster:
-        del config["cluster"]
-    replicas = await start_replicas(config, 1, extra_args=("--workers", "2"))
+    replicas = await start_worker_group(redis_server, start_replicas, public_up, with_cluster)
     first = await call(fresh_http, replicas.url(0, "pub"))
     old_received_by = time.monotonic()
     assert first.status == 200
