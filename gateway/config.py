@@ -12,6 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
 
@@ -228,12 +229,13 @@ class ClusterConfig(_Model):
 
     redis_url: str = Field(
         description="redis://[user:password@]host[:port][/db] or rediss:// for TLS; put a password "
-        "in as ${ENV}."
+        "in as ${ENV} (percent-encoded where it holds / @ : # ? or %). rediss:// takes the query "
+        "keys ssl_ca_certs, ssl_certfile, ssl_keyfile, ssl_cert_reqs, ssl_check_hostname."
     )
     key_prefix: str = Field(
         DEFAULT_KEY_PREFIX,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$",
-        description="Every Redis key and channel of this gateway starts with it.",
+        description="Every Redis key and channel of this gateway starts with it: 1 to 63 letters, "
+        "digits, '.', '_' or '-', starting with a letter or digit.",
     )
     timeout_s: float = Field(
         DEFAULT_REDIS_TIMEOUT_S,
@@ -243,20 +245,22 @@ class ClusterConfig(_Model):
         "given up and the caller served without Redis.",
     )
 
+    @field_validator("key_prefix")
+    @classmethod
+    def _key_prefix(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", value):
+            raise ValueError("must be 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
     @field_validator("redis_url")
     @classmethod
     def _redis_url(cls, value: str) -> str:
-        from urllib.parse import urlsplit
-
         try:
             url = urlsplit(value)
             port = url.port
         except ValueError:
             # Not the parser's message: it may quote part of a password.
-            raise ValueError(
-                "not a Redis URL (a port that is not a number from 1 to 65535? percent-encode "
-                "'/', '@' and ':' in a password)"
-            ) from None
+            raise ValueError(f"not a Redis URL (a port that is not a number from 1 to 65535? {_ENCODE_HINT})") from None
         if url.scheme not in ("redis", "rediss"):
             raise ValueError("must start with redis:// or rediss://")
         if not url.hostname:
@@ -265,10 +269,23 @@ class ClusterConfig(_Model):
             raise ValueError("port 0 is not a Redis port")
         db = url.path.lstrip("/")
         if db and not db.isdigit():
-            raise ValueError(f"database {db!r} is not a number")
-        if url.query or url.fragment:
-            raise ValueError("takes no query or fragment (timeouts are [cluster] keys)")
+            raise ValueError(f"the database (after the last '/') is not a number ({_ENCODE_HINT})")
+        if url.fragment:
+            raise ValueError(f"has a '#' fragment ({_ENCODE_HINT})")
+        keys = {k for k, _ in parse_qsl(url.query, keep_blank_values=True)}
+        allowed = _TLS_QUERY_KEYS if url.scheme == "rediss" else frozenset()
+        if keys - allowed:
+            raise ValueError(
+                f"takes no query keys {', '.join(sorted(keys - allowed))} (timeouts are [cluster] keys; rediss:// "
+                f"takes {', '.join(sorted(_TLS_QUERY_KEYS))}; {_ENCODE_HINT})"
+            )
         return value
+
+
+_ENCODE_HINT: Final = "percent-encode / @ : # ? and % in a password"
+_TLS_QUERY_KEYS: Final = frozenset(
+    {"ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname"}
+)
 
 
 class GatewayConfig(_Model):

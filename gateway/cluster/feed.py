@@ -102,8 +102,10 @@ class Feed:
                 failures += 1
                 if failures == 1 and self.link.up:
                     continue  # one dropped connection: read again at once, from the same event
-                if self.link.up:
-                    self.link.mark(False, _describe(exc))
+                self.link.metrics.cluster_errors.labels("feed").inc()
+                was_up = self.link.up
+                self.link.mark(False, _describe(exc))
+                if was_up:
                     self._on_lost("shared tier down")
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)

@@ -59,6 +59,9 @@ class Leases:
         #: Whether this process does each job now.
         self.doing: dict[str, bool] = dict.fromkeys(self._locks, False)
         self._owned: dict[str, bool] = dict.fromkeys(self._locks, False)
+        if held_in_redis is not None:
+            for job in self._locks:
+                held_in_redis(job, False)  # every series there from the start
 
     async def run(self) -> None:
         """Take, renew and give up leases until cancelled."""
@@ -122,5 +125,10 @@ class Leases:
     def _do(self, job: str, doing: bool) -> None:
         if doing != self.doing[job]:
             self.doing[job] = doing
-            log.info("%s %s for the cluster", "now doing" if doing else "no longer doing", job)
+            if not doing:
+                log.info("upstream %s: another replica probes it for the cluster now", job)
+            elif self.link.up:
+                log.info("upstream %s: this replica probes it for the cluster", job)
+            else:
+                log.info("upstream %s: probing it here (shared tier down)", job)
             self._on_change(job, doing)

@@ -65,6 +65,7 @@ class RedisLink:
         self.answering = asyncio.Event()
         metrics.cluster_up.set(0)
         self._down_reason: str | None = "not connected yet"
+        self._known = False
 
     def key(self, *parts: str) -> str:
         """The Redis key (or channel) ``<key_prefix>:<part>:<part>...``."""
@@ -87,9 +88,11 @@ class RedisLink:
             raise Unavailable(f"{operation}: {_describe(exc)}") from exc
 
     def mark(self, up: bool, reason: str | None = None) -> None:
-        """Record that Redis answers (``up``) or not (``reason`` says why); logs each change once."""
-        if up == self.up:
+        """Record that Redis answers (``up``) or not (``reason`` says why); logs each change once,
+        and the first verdict (a process that never reaches Redis says why)."""
+        if up == self.up and self._known:
             return
+        self._known = True
         self.up = up
         if up:
             self.answering.set()

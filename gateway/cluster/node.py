@@ -373,7 +373,7 @@ class Cluster:
             # A generation that is not a number (written over): new generations for all.
             why = str(exc)
             try:
-                generations = await self.link.run("invalidate", lambda: self._reset_generations(why))
+                generations = await self.link.run("invalidate", lambda: self._reset_generations(why, corrupt=True))
             except Unavailable:
                 log.warning(_UNPUBLISHED, reason)
                 return 0
@@ -381,7 +381,9 @@ class Cluster:
             # Lower than this process already had: Redis lost the hash (restarted empty, flushed).
             # Generations from the clock are past every one used before.
             try:
-                generations = await self.link.run("invalidate", lambda: self._reset_generations("lost"))
+                generations = await self.link.run(
+                    "invalidate", lambda: self._reset_generations("lost (Redis restarted empty, or was flushed)")
+                )
             except Unavailable:
                 log.warning(_UNPUBLISHED, reason)
                 return 0
@@ -433,21 +435,27 @@ class Cluster:
             raw: Any = await client.hgetall(name)
             loaded = {k.decode(): int(v) for k, v in raw.items()}
         except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-            loaded = await self._reset_generations(f"unreadable: {exc}")
+            loaded = await self._reset_generations(f"unreadable: {exc}", corrupt=True)
         except Exception as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
-            loaded = await self._reset_generations("not a hash")
+            loaded = await self._reset_generations("not a hash", corrupt=True)
         if not loaded and self._generations:
             # Gone while this process was away (Redis restarted empty, or flushed): numbering
             # afresh from 1 would reuse generations this process still has entries under.
-            loaded = await self._reset_generations("gone")
+            loaded = await self._reset_generations("gone (Redis restarted empty, or was flushed)")
         self._adopt(loaded)
 
-    async def _reset_generations(self, why: str) -> dict[str, int]:
+    async def _reset_generations(self, why: str, *, corrupt: bool = False) -> dict[str, int]:
+        """New generations for every (upstream, method), from the clock in milliseconds: past
+        every generation used before. ``corrupt``: the hash held something this gateway did
+        not write (counted, and logged as a warning)."""
         name = self.link.key("generations")
-        log.warning("shared tier: %s is %s; starting new generations", name, why)
-        self.metrics.cluster_errors.labels("corrupt_generations").inc()
+        if corrupt:
+            log.warning("shared tier: %s is %s; starting new generations", name, why)
+            self.metrics.cluster_errors.labels("corrupt_generations").inc()
+        else:
+            log.info("shared tier: %s is %s; starting new generations", name, why)
         start = int(self.wall_clock() * 1000)
         fields = {self._field(u, m): start for u in self.config.upstreams for m in CACHEABLE_METHODS}
         async with self.link.client.pipeline(transaction=True) as pipe:
@@ -481,7 +489,8 @@ class Cluster:
         self._release_waiters()
         if count and self.on_purged is not None:
             self.on_purged(count)
-        log.info("shared tier: %s; %d local entries dropped", reason, count)
+        if reason != "shared tier down":  # that one has its own line (RedisLink.mark)
+            log.info("shared tier: %s; %d local entries dropped", reason, count)
 
 
 _UNPUBLISHED: Final = "shared tier: could not publish an invalidation (%s); other replicas keep their entries"
