@@ -59,8 +59,8 @@ def create_app(
     listen streams; not with ``registry.enabled = false``) are started and stopped in ``cleanup_ctx``.
     ``hot_path=False`` serves the MCP routes with the plain :class:`~gateway.proxy.Proxy` instead
     of :class:`~gateway.proxy.HotProxy` (the same answers; for the benchmark and the tests).
-    ``worker_bus`` is the directory of a ``--workers`` group's bus (without ``[cluster]``), through
-    which purges and notifications reach the other workers (:mod:`gateway.cluster.workers`).
+    ``worker_bus`` is the directory of a ``--workers`` group's bus, through which purges and
+    notifications reach the other workers (:mod:`gateway.cluster.workers`), with ``[cluster]`` too.
     """
     # No app-wide middleware: the MCP routes answer their own unexpected errors as JSON-RPC
     # (Proxy.internal_error), and a middleware costs every cache hit ~8% (bench/RESULTS.md). Other
@@ -80,9 +80,20 @@ def create_app(
     proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock, cluster)
     registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep, cluster=cluster)
     proxy.on_success = registry.observe
+    # Invalidation beyond this process: through Redis to every replica (and worker) with
+    # [cluster], and to the other workers of this group through the bus as well, so that a purge
+    # reaches them even while Redis is down.
+    bus = WorkerBus(worker_bus, lambda inv, reason: _purged(store, proxy, inv, reason)) if worker_bus else None
+    local = cluster.invalidate_soon if cluster is not None else store.purge
+
+    def invalidate_everywhere(invalidation: Invalidation, reason: str) -> int:
+        if bus is not None:
+            bus.broadcast(invalidation, reason)
+        return local(invalidation, reason)
+
+    registry.invalidate = invalidate_everywhere
     if cluster is not None:
         app[CLUSTER] = cluster
-        registry.invalidate = cluster.invalidate_soon
         cluster.on_purged = lambda _count: proxy.update_size_gauges()
 
         async def shared_tier(app: web.Application) -> AsyncIterator[None]:
@@ -91,14 +102,8 @@ def create_app(
             await cluster.stop()
 
         app.cleanup_ctx.append(shared_tier)
-    elif worker_bus is not None:
-        bus = app[WORKER_BUS] = WorkerBus(worker_bus, lambda inv, reason: _purged(store, proxy, inv, reason))
-
-        def invalidate_everywhere(invalidation: Invalidation, reason: str) -> int:
-            bus.broadcast(invalidation, reason)
-            return store.purge(invalidation, reason)
-
-        registry.invalidate = invalidate_everywhere
+    if bus is not None:
+        app[WORKER_BUS] = bus
 
         async def worker_bus_ctx(app: web.Application) -> AsyncIterator[None]:
             bus.start()
@@ -229,13 +234,13 @@ async def _purge(request: web.Request) -> web.Response:
     if method is not None and method not in KNOWN_METHODS:
         return web.json_response({"error": f"unknown method {method!r}"}, status=400)
     invalidation = Invalidation(upstream, None if method is None else (method,))
+    bus = request.app.get(WORKER_BUS)
+    if bus is not None:
+        bus.broadcast(invalidation, "purge")  # the other workers of this process group
     cluster = request.app.get(CLUSTER)
     if cluster is not None:
         count = await cluster.invalidate(invalidation, "purge")  # every replica, and the shared tier
     else:
         count = request.app[STORE].purge(invalidation, "purge")
-        bus = request.app.get(WORKER_BUS)
-        if bus is not None:
-            bus.broadcast(invalidation, "purge")  # the other workers of this process group
     request.app[PROXY].update_size_gauges()
     return web.json_response({"purged": count})

@@ -12,9 +12,10 @@ Two kinds of event travel on ``<key_prefix>:events`` (a Redis stream, trimmed to
 
 A stream rather than pub/sub: a reader that lost its connection resumes after the last event it
 read and misses nothing. The reader also decides whether Redis is *up*: a read that fails twice in
-a row, or the stream gone further than the reader had got (trimmed while it was away), empties
-the local tier, so no process answers from an entry another one invalidated for longer than
-about :data:`BLOCK_S` + two call bounds (under 1 s with the default ``timeout_s``).
+a row, or the stream gone further than the reader had got (trimmed while it was away or behind),
+empties the local tier and reloads the generations, so no process answers from an entry another
+one invalidated for longer than about :data:`BLOCK_S` + two call bounds (under 1 s with the
+default ``timeout_s``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ log = logging.getLogger("mcp_gateway.cluster")
 #: How long one read of the stream waits for an event, in seconds.
 BLOCK_S: Final = 0.3
 #: Events kept in the stream (approximately): far more than a reader falls behind by.
-STREAM_MAXLEN: Final = 10_000
+STREAM_MAXLEN: Final = 100_000
+#: How often a reader that keeps up checks that it has not been left behind by trimming, in s.
+GAP_CHECK_S: Final = 5.0
 #: Pauses between attempts to reach Redis while it is down, in seconds (first, then at most).
 RETRY_MIN_S: Final = 0.1
 RETRY_MAX_S: Final = 1.0
@@ -72,6 +75,7 @@ class Feed:
         self._on_up = on_up
         self._on_lost = on_lost
         self._last_id: bytes | None = None
+        self._gap_checked = 0.0
 
     async def publish(self, event: dict[str, Any]) -> None:
         """Append ``event`` to the stream.
@@ -133,11 +137,35 @@ class Feed:
 
     async def _read(self) -> None:
         assert self._last_id is not None
-        batches: Any = await self._reader.xread({self.stream: self._last_id}, count=256, block=int(BLOCK_S * 1000))
+        batches: Any = await self._reader.xread({self.stream: self._last_id}, count=_BATCH, block=int(BLOCK_S * 1000))
+        read = 0
         for _stream, events in batches or ():
             for event_id, fields in events:
                 self._last_id = event_id
                 self._dispatch(fields)
+            read += len(events)
+        now = asyncio.get_running_loop().time()
+        if read == _BATCH or now - self._gap_checked >= GAP_CHECK_S:
+            # Behind, or a while since the last look: has the stream been trimmed past us?
+            self._gap_checked = now
+            oldest: Any = await self._reader.xrange(self.stream, count=1)
+            if oldest and self._behind(oldest[0][0]):
+                self._last_id = _previous(oldest[0][0])
+                await self._resync("events missed (trimmed while this process was behind)")
+
+    def _behind(self, oldest_id: bytes) -> bool:
+        """Whether the stream's oldest event is newer than the last one read: that one was
+        trimmed, which happens only behind :data:`STREAM_MAXLEN` newer events, so some of those
+        were never read (or the stream was deleted and started again)."""
+        assert self._last_id is not None
+        return self._last_id != b"0-0" and _stream_id(oldest_id) > _stream_id(self._last_id)
+
+    async def _resync(self, reason: str) -> None:
+        """Events were missed: the local tier is emptied and the shared state reloaded."""
+        self._on_lost(reason)
+        result = self._on_up()
+        if asyncio.iscoroutine(result):
+            await result
 
     def _dispatch(self, fields: object) -> None:
         try:
@@ -159,7 +187,7 @@ class Feed:
         except (RedisError, OSError, TimeoutError):
             pass
         self._last_id = b"0-0"
-        self._on_lost("events missed")
+        await self._resync("events missed (the stream was written over)")
 
     async def close(self) -> None:
         await self._reader.aclose()
@@ -168,6 +196,15 @@ class Feed:
 def _stream_id(value: bytes) -> tuple[int, int]:
     ms, _, seq = value.partition(b"-")
     return int(ms), int(seq or 0)
+
+
+def _previous(value: bytes) -> bytes:
+    """An id just before ``value`` (so that reading after it starts at ``value``)."""
+    ms, seq = _stream_id(value)
+    return f"{ms}-{seq - 1}".encode() if seq else f"{ms - 1}-{2**64 - 1}".encode()
+
+
+_BATCH: Final = 256
 
 
 def _describe(exc: BaseException) -> str:

@@ -17,7 +17,7 @@ from typing import Final, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import LockError, RedisError
 
 from ..config import ClusterConfig
 from ..telemetry import GatewayMetrics
@@ -77,12 +77,15 @@ class RedisLink:
 
         Raises:
             Unavailable: Redis is down, or the call failed or took too long.
+            redis.exceptions.LockError: a lock call found the lock not (or no longer) this one's.
         """
         if not self.up:
             raise Unavailable(self._down_reason or "down")
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await command()
+        except LockError:
+            raise  # an answer about a lock (not ours any more), not a failure of Redis
         except (RedisError, OSError, TimeoutError) as exc:
             self.metrics.cluster_errors.labels(operation).inc()
             raise Unavailable(f"{operation}: {_describe(exc)}") from exc

@@ -7,10 +7,7 @@ Redis keys (all under ``key_prefix``):
   expiry at the entry's own.
 * ``lock:<generation>:<digest>``: the cold key's leader (a redis-py ``Lock``: a token and an
   expiry of the upstream's ``timeout_s`` plus :data:`LOCK_MARGIN_S`).
-* ``generations``: a hash ``"<upstream> <method>"`` → generation. An invalidation raises the
-  generations it touches, so every shared entry stored before it is out of reach at once (it then
-  expires by itself); an answer fetched before it is stored under the old generation, out of
-  reach too.
+* ``generations``: a hash ``"<upstream> <method>"`` → generation (:mod:`gateway.cluster.generations`).
 * ``events``: the feed (:mod:`gateway.cluster.feed`).
 * ``uris:<upstream>``: the URIs of shared ``resources/read`` entries, for the listen stream's
   ``resourceSubscriptions`` (held by one process for all).
@@ -31,12 +28,11 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from redis.asyncio.lock import Lock
-from redis.exceptions import ResponseError
+from redis.exceptions import LockError
 
 from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Invalidation, uri_of
 from ..config import GatewayConfig
@@ -45,6 +41,7 @@ from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from .entries import decode, encode, key_digest
 from .feed import Feed
+from .generations import Generations
 from .link import RedisLink, Unavailable
 
 __all__ = ["LOCK_MARGIN_S", "Cluster", "Flight", "Lookup"]
@@ -55,6 +52,8 @@ log = logging.getLogger("mcp_gateway.cluster")
 MAX_URI_CHARS: Final = 2048
 #: How long a starting process waits for Redis before it serves without, in seconds.
 STARTUP_WAIT_S: Final = 2.0
+#: How often an invalidation Redis refused is tried again, in seconds.
+RETRY_S: Final = 0.5
 #: A leader's lock outlives its upstream request's bound by this much, in seconds.
 LOCK_MARGIN_S: Final = 2.0
 
@@ -77,6 +76,16 @@ class Lookup:
     entry: CacheEntry | None = None
     collapsed: bool = False
     flight: Flight | None = None
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An invalidation Redis has not taken yet (see :meth:`Cluster._spread`)."""
+
+    invalidation: Invalidation
+    reason: str
+    fields: list[str]
+    generations: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -110,8 +119,13 @@ class Cluster:
         self.tasks = BackgroundTasks(log)
         self.max_ttl_ms = config.cache.max_ttl_ms
         self.max_entry_bytes = config.cache.max_entry_bytes
-        self._generations: dict[str, int] = {}
+        self.generations = Generations(
+            self.link, [self._field(u, m) for u in config.upstreams for m in sorted(CACHEABLE_METHODS)]
+        )
         self._waiting: dict[str, _Waiting] = {}
+        self._pending: list[_Pending] = []
+        self._fenced: set[str] = set()
+        self._retrying: asyncio.Task[None] | None = None
         #: Called with the number of entries a remote invalidation removed (the size gauges).
         self.on_purged: Any = None
 
@@ -145,14 +159,15 @@ class Cluster:
 
     def ident(self, key: CacheKey) -> str:
         """``<generation>:<digest>``: the key's name in Redis right now."""
-        generation = self._generations.get(self._field(key.upstream, key.method), 0)
-        return f"{generation}:{key_digest(key).hex()}"
+        return f"{self.generations.of(self._field(key.upstream, key.method))}:{key_digest(key).hex()}"
 
-    @staticmethod
-    def shares(key: CacheKey) -> bool:
+    def shares(self, key: CacheKey) -> bool:
         """Whether ``key``'s entries may live in Redis: not for an upstream that receives the
-        caller's ``Authorization`` (its entries belong to one authorization context)."""
-        return key.authorization is None
+        caller's ``Authorization`` (its entries belong to one authorization context), nor while
+        an invalidation of them has not got through (:meth:`_spread`)."""
+        if key.authorization is not None:
+            return False
+        return not self._fenced or self._field(key.upstream, key.method) not in self._fenced
 
     # -- the shared tier --
 
@@ -212,8 +227,8 @@ class Cluster:
             stored = await self._write(key, flight.ident, entry)
         try:
             await self.link.run("unlock", flight.lock.release)
-        except Unavailable:
-            pass  # expired already, or Redis is away: it expires by itself
+        except (Unavailable, LockError):
+            pass  # expired already (LockError: not ours any more), or Redis is away: it expires by itself
         try:
             await self.feed.publish({"type": "done", "id": flight.ident, "stored": stored})
         except Unavailable:
@@ -253,6 +268,8 @@ class Cluster:
         return entry
 
     async def _write(self, key: CacheKey, ident: str, entry: CacheEntry) -> bool:
+        if not self.shares(key):
+            return False  # an invalidation of it is waiting to get through
         value, left_ms = encode(key_digest(key), entry, clock_now=self.clock(), wall_now=self.wall_clock())
         if left_ms <= 0:
             return False
@@ -310,7 +327,7 @@ class Cluster:
         async def release() -> None:
             try:
                 await self.link.run("unlock", lock.release)
-            except Unavailable:
+            except (Unavailable, LockError):
                 pass
 
         self.tasks.spawn(release(), name="cluster:unlock")
@@ -341,9 +358,10 @@ class Cluster:
 
     async def invalidate(self, invalidation: Invalidation, reason: str) -> int:
         """Remove what ``invalidation`` matches from this process and, through Redis, from every
-        other one and from the shared tier (done when this returns, unless Redis failed);
-        returns how many local entries went. With Redis down: local only (each other process
-        emptied its local tier when it lost Redis, unless only this one lost it)."""
+        other one and from the shared tier (done when this returns, unless Redis failed: then
+        see :meth:`_spread`); returns how many local entries went. With Redis down: local only
+        (each other process emptied its local tier when it lost Redis, unless only this one
+        lost it)."""
         return self.store.purge(invalidation, reason) + await self._spread(invalidation, reason)
 
     def invalidate_soon(self, invalidation: Invalidation, reason: str) -> int:
@@ -359,111 +377,61 @@ class Cluster:
         if count and self.on_purged is not None:
             self.on_purged(count)
 
+    def _fields(self, invalidation: Invalidation) -> list[str]:
+        upstreams = self.config.upstreams if invalidation.upstream is None else (invalidation.upstream,)
+        methods = sorted(CACHEABLE_METHODS) if invalidation.methods is None else invalidation.methods
+        return [self._field(u, m) for u in upstreams for m in methods]
+
     async def _spread(self, invalidation: Invalidation, reason: str) -> int:
-        """Raise the generations ``invalidation`` touches and tell every process."""
+        """Raise the generations ``invalidation`` touches and tell every process; returns how
+        many local entries went meanwhile (read back from Redis while the bump was on its way).
+
+        If Redis refuses (full, paused, failing) the invalidation is kept and retried every
+        :data:`RETRY_S` until it gets through, and until then this process neither reads nor
+        writes shared entries of those (upstream, method) pairs: it never serves the entry it
+        invalidated, and the others learn of it when Redis takes writes again."""
         if not self.link.up:
             return 0
-        fields = [self._field(u, m) for u in self._upstreams(invalidation) for m in self._methods(invalidation)]
+        fields = self._fields(invalidation)
+        pending = _Pending(invalidation, reason, fields)
+        if not await self._try(pending):
+            self._pending.append(pending)
+            self._fenced.update(fields)
+            log.warning(_UNPUBLISHED, reason)
+            if self._retrying is None or self._retrying.done():
+                self._retrying = self.tasks.spawn(self._retry_pending(), name="cluster:retry-invalidation")
+        return self.store.purge(invalidation, reason)
+
+    async def _try(self, pending: _Pending) -> bool:
+        """Bump (once) and publish ``pending``; whether both went through."""
         try:
-            generations = await self.link.run("invalidate", lambda: self._bump(fields))
-        except Unavailable as exc:
-            if not isinstance(exc.__cause__, ResponseError):
-                log.warning(_UNPUBLISHED, reason)
-                return 0
-            # A generation that is not a number (written over): new generations for all.
-            why = str(exc)
-            try:
-                generations = await self.link.run("invalidate", lambda: self._reset_generations(why, corrupt=True))
-            except Unavailable:
-                log.warning(_UNPUBLISHED, reason)
-                return 0
-        if any(value <= self._generations.get(f, 0) for f, value in generations.items()):
-            # Lower than this process already had: Redis lost the hash (restarted empty, flushed).
-            # Generations from the clock are past every one used before.
-            try:
-                generations = await self.link.run(
-                    "invalidate", lambda: self._reset_generations("lost (Redis restarted empty, or was flushed)")
-                )
-            except Unavailable:
-                log.warning(_UNPUBLISHED, reason)
-                return 0
-        self._adopt(generations)
-        # Anything read back from Redis under the old generations while the bump was on its way.
-        count = self.store.purge(invalidation, reason)
-        try:
+            if pending.generations is None:
+                pending.generations = await self.generations.bump(pending.fields)
             await self.feed.publish(
                 {
                     "type": "invalidate",
-                    "invalidation": invalidation.to_json(),
-                    "reason": reason,
-                    "generations": generations,
+                    "invalidation": pending.invalidation.to_json(),
+                    "reason": pending.reason,
+                    "generations": pending.generations,
                     "origin": self.node_id,
                 }
             )
         except Unavailable:
-            log.warning(_UNPUBLISHED, reason)
-        return count
+            return False
+        return True
 
-    def _upstreams(self, invalidation: Invalidation) -> Iterable[str]:
-        return self.config.upstreams if invalidation.upstream is None else (invalidation.upstream,)
-
-    def _methods(self, invalidation: Invalidation) -> Iterable[str]:
-        return sorted(CACHEABLE_METHODS) if invalidation.methods is None else invalidation.methods
-
-    async def _bump(self, fields: list[str]) -> dict[str, int]:
-        name = self.link.key("generations")
-        async with self.link.client.pipeline(transaction=True) as pipe:
-            for f in fields:
-                pipe.hincrby(name, f, 1)
-            values = await pipe.execute()
-        return dict(zip(fields, (int(v) for v in values), strict=True))
-
-    def _adopt(self, generations: object) -> None:
-        """Take newer generations (never go back: events may come in any order after a reload)."""
-        if not isinstance(generations, dict):
-            return
-        for f, value in generations.items():
-            if isinstance(f, str) and type(value) is int and value > self._generations.get(f, 0):
-                self._generations[f] = value
+    async def _retry_pending(self) -> None:
+        while self._pending:
+            await asyncio.sleep(RETRY_S)
+            while self._pending and await self._try(self._pending[0]):
+                done = self._pending.pop(0)
+                self.store.purge(done.invalidation, done.reason)
+                log.info("shared tier: the invalidation (%s) got through", done.reason)
+            self._fenced = {f for p in self._pending for f in p.fields}
 
     async def _reload(self) -> None:
-        """On (re)connecting: the generations as Redis has them (a corrupt hash is replaced by
-        one that starts past every generation used before: the epoch in milliseconds)."""
-        name = self.link.key("generations")
-        client = self.link.client
-        try:
-            raw: Any = await client.hgetall(name)
-            loaded = {k.decode(): int(v) for k, v in raw.items()}
-        except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-            loaded = await self._reset_generations(f"unreadable: {exc}", corrupt=True)
-        except Exception as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            loaded = await self._reset_generations("not a hash", corrupt=True)
-        if not loaded and self._generations:
-            # Gone while this process was away (Redis restarted empty, or flushed): numbering
-            # afresh from 1 would reuse generations this process still has entries under.
-            loaded = await self._reset_generations("gone (Redis restarted empty, or was flushed)")
-        self._adopt(loaded)
-
-    async def _reset_generations(self, why: str, *, corrupt: bool = False) -> dict[str, int]:
-        """New generations for every (upstream, method), from the clock in milliseconds: past
-        every generation used before. ``corrupt``: the hash held something this gateway did
-        not write (counted, and logged as a warning)."""
-        name = self.link.key("generations")
-        if corrupt:
-            log.warning("shared tier: %s is %s; starting new generations", name, why)
-            self.metrics.cluster_errors.labels("corrupt_generations").inc()
-        else:
-            log.info("shared tier: %s is %s; starting new generations", name, why)
-        start = int(self.wall_clock() * 1000)
-        fields = {self._field(u, m): start for u in self.config.upstreams for m in CACHEABLE_METHODS}
-        async with self.link.client.pipeline(transaction=True) as pipe:
-            pipe.delete(name)
-            pipe.hset(name, mapping=fields)  # type: ignore[arg-type]
-            await pipe.execute()
-        self.store.purge(lambda _k: True, "cluster")
-        return fields
+        """On (re)connecting: the generations as Redis has them."""
+        await self.generations.sync()
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -474,7 +442,7 @@ class Cluster:
                     if not fut.done():
                         fut.set_result(event.get("stored") is True)
         elif kind == "invalidate":
-            self._adopt(event.get("generations"))
+            self.generations.adopt(event.get("generations"))
             invalidation = Invalidation.from_json(event.get("invalidation"))
             reason = event.get("reason")
             if invalidation is None or event.get("origin") == self.node_id:

@@ -689,15 +689,23 @@ async def test_workers_scrapes_are_monotonic_and_sum_over_the_workers(
     assert seen == sorted(seen), seen
 
 
-@pytest.mark.parametrize("with_cluster", [True, False], ids=["cluster", "no-cluster"])
+@pytest.mark.parametrize(
+    ("with_cluster", "redis_down"),
+    [(True, False), (True, True), (False, False)],
+    ids=["cluster", "cluster-redis-down", "no-cluster"],
+)
 async def test_a_purge_reaches_every_worker(
     redis_server: RedisServer,
     start_replicas: StartReplicas,
     fresh_http: aiohttp.ClientSession,
     public_up: Upstream,
     with_cluster: bool,
+    redis_down: bool,
 ) -> None:
     replicas = await start_worker_group(redis_server, start_replicas, public_up, with_cluster)
+    if redis_down:
+        redis_server.stop()
+        await asyncio.sleep(2)  # every worker's feed has noticed: each serves on its own
     first = await call(fresh_http, replicas.url(0, "pub"))
     old_received_by = time.monotonic()
     assert first.status == 200

@@ -205,3 +205,137 @@ async def test_with_redis_paused_callers_are_answered_within_the_bound_and_shari
     await connected(a, b)  # the pause ends: back by itself
     assert (await call(http, a, "x", cursor="after"))[1].endswith("stored; ttl=60")
     assert "detail=shared" in (await call(http, b, "y", cursor="after"))[1]
+
+
+# -- invalidation when Redis misbehaves ------------------------------------------------------------------
+
+
+class Versioned:
+    """An upstream whose tools list names its current version (``t<n>``): an answer shows which
+    version it was fetched at."""
+
+    def __init__(self) -> None:
+        self.version = 1
+
+    async def __call__(self, request: web.Request, msg: Any) -> web.StreamResponse:
+        body = list_result(msg["id"])
+        body["result"]["tools"][0]["name"] = f"t{self.version}"
+        return web.json_response(body)
+
+
+def tool(answer: tuple[int, str, Any]) -> str:
+    return str(answer[2]["result"]["tools"][0]["name"])
+
+
+async def purge(http: aiohttp.ClientSession, gw: RunningGateway) -> int:
+    async with http.post(f"{gw.base_url}/admin/cache/purge", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
+        assert r.status == 200
+        return int((await r.json())["purged"])
+
+
+async def versioned_pair(
+    redis: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> tuple[Versioned, RunningGateway, RunningGateway]:
+    """Two gateways in front of a :class:`Versioned` upstream, both holding its ``t1`` list (B from Redis)."""
+    versioned = Versioned()
+    upstream = await start_upstream(versioned)
+    config = cluster_config(redis, upstream)
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    assert tool(await call(http, a, 1)) == "t1"
+    assert "detail=shared" in (await call(http, b, 2))[1]
+    return versioned, a, b
+
+
+async def everyone_serves(http: aiohttp.ClientSession, version: str, *gateways: RunningGateway) -> None:
+    async def fresh() -> bool:
+        for i, gw in enumerate(gateways):
+            if tool(await call(http, gw, f"check-{i}")) != version:
+                return False
+        return True
+
+    await wait_until(fresh, limit_s=5, what=f"{version} on every gateway")
+
+
+async def test_a_purge_redis_refuses_to_write_is_kept_until_it_gets_through(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
+    versioned.version = 2
+    redis_server.pause(1.5, mode="WRITE")
+    assert await purge(http, a) == 1
+    # The purging gateway never answers from what it purged, not even through Redis.
+    assert tool(await call(http, a, 3)) == "t2"
+    assert tool(await call(http, a, 4)) == "t2"
+    # Once Redis takes writes again the purge gets through to the other one.
+    await everyone_serves(http, "t2", a, b)
+
+
+async def test_a_purge_after_redis_was_flushed_and_a_replica_restarted_still_reaches_everyone(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
+    await purge(http, a)  # generations raised once
+    redis_server.flush()
+    assert tool(await call(http, a, 5)) == "t1"  # stored again, under a's generation
+    c = await start_gateway(cluster_config(redis_server, await start_upstream(versioned)))  # a newcomer
+    await connected(c)
+    versioned.version = 2
+    await purge(http, c)
+    await everyone_serves(http, "t2", a, b, c)
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        ("DEL", "t:events"),
+        ("SET", "t:events", "x"),
+        ("SET", "t:generations", "x"),
+        ("HSET", "t:generations", "a tools/list", "9223372036854775807"),
+        ("HSET", "t:generations", "a tools/list", "not a number"),
+    ],
+    ids=["events-deleted", "events-a-string", "generations-a-string", "generation-huge", "generation-garbage"],
+)
+async def test_a_purge_gets_through_after_the_shared_state_was_written_over(
+    redis_server: RedisServer,
+    start_gateway: StartGateway,
+    start_upstream: StartUpstream,
+    http: aiohttp.ClientSession,
+    spoil: tuple[str, ...],
+) -> None:
+    versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
+    redis_server.command(*spoil)
+    await asyncio.sleep(0.5)  # the feeds notice what they can
+    versioned.version = 2
+    await purge(http, a)
+    await everyone_serves(http, "t2", a, b)
+    # And again: the shared tier still works as one cache afterwards.
+    versioned.version = 3
+    await purge(http, b)
+    await everyone_serves(http, "t3", a, b)
+
+
+async def test_a_lease_holder_whose_lease_was_taken_lets_go(redis_server: RedisServer) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.cluster.lease import Leases
+    from gateway.cluster.link import RedisLink
+    from gateway.config import ClusterConfig
+    from gateway.telemetry import GatewayMetrics
+
+    link = RedisLink(ClusterConfig(redis_url=redis_server.url, key_prefix="t"), GatewayMetrics(CollectorRegistry()))
+    link.mark(True)
+    changes: list[tuple[str, bool]] = []
+    leases = Leases(link, ["a"], lambda job, doing: changes.append((job, doing)))
+    try:
+        await leases.step("a")
+        assert leases.doing["a"] and changes == [("a", True)]
+        redis_server.command("SET", "t:lease:a", "someone-else", "PX", "10000")  # it expired and was taken
+        await leases.step("a")
+        assert not leases.doing["a"] and changes[-1] == ("a", False)
+        redis_server.command("SET", "t:lease:a", "written-over")  # no expiry: removed, then taken
+        await leases.step("a")
+        await leases.step("a")
+        assert leases.doing["a"]
+    finally:
+        await link.close()
