@@ -1,9 +1,13 @@
 # make test: everything from scratch (venv, Node tools, promtool) then lint, types and the suite.
 # make demo: a demo fleet of real MCP servers behind the gateway on 127.0.0.1:8080.
+# Everything they install goes into .venv/ and .tools/ (pip's and npm's download caches too), which
+# `make clean` removes; only the apt packages (redis-server, prometheus) go to the system.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-test
+export PIP_CACHE_DIR    ?= $(CURDIR)/.tools/cache/pip
+export npm_config_cache ?= $(CURDIR)/.tools/cache/npm
 
 .PHONY: test lint typecheck unit demo tools bench soak clean
 
@@ -37,8 +41,9 @@ $(DEMO_STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[demo,speed]'
 	touch $@
 
+# MCP_GATEWAY_VIA_MAKE: the demo's hints then say `make demo PORT=...`, not `mcp-gateway demo --port ...`.
 demo: $(DEMO_STAMP)
-	$(BIN)/mcp-gateway demo --port $(PORT)
+	MCP_GATEWAY_VIA_MAKE=1 $(BIN)/mcp-gateway demo --port $(PORT)
 
 bench: $(STAMP)
 	bash scripts/install-bench-tools.sh
@@ -48,4 +53,4 @@ soak: $(STAMP)
 	$(BIN)/python scripts/soak.py --duration $(or $(DURATION),60)
 
 clean:
-	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis mcp_gateway.egg-info

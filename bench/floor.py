@@ -7,14 +7,13 @@ the request's ``Mcp-Method`` header names a METHOD given as ``METHOD=FILE``, wit
 (so the ``server/discover`` figure is compared with a floor of the same response size).
 It runs exactly like the gateway does: the same event loop (``gateway.cli.new_event_loop``;
 ``--loop`` as the gateway's, uvloop when installed by default), the same ``web.run_app``
-options, and for ``--workers N`` the same N processes on one ``SO_REUSEPORT`` port
-(``gateway.cli.bind_sockets``/``run_workers``).
+options, and the same listening socket: bound once by the parent and, for ``--workers N``,
+accepted on by N forked processes (``gateway.cli.bind_listeners``/``fork_workers``).
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.cli import LOOPS, bind_sockets, new_event_loop, run_workers
+from gateway.cli import LOOPS, bind_listeners, fork_workers, new_event_loop
 
 
 def make_app(default: bytes, by_method: dict[str, bytes]) -> web.Application:
@@ -53,12 +52,12 @@ def main() -> int:
         else:
             default = Path(spec).read_bytes()
 
-    def run_one(sock: socket.socket | None) -> None:
+    socks = bind_listeners(args.host, args.port)
+
+    def run_one(_index: int) -> None:
         web.run_app(
             make_app(default, by_method),
-            host=None if sock else args.host,
-            port=None if sock else args.port,
-            sock=sock,
+            sock=socks,
             handler_cancellation=True,
             access_log=None,
             print=None,
@@ -66,9 +65,9 @@ def main() -> int:
         )
 
     if args.workers <= 1:
-        run_one(None)
+        run_one(0)
         return 0
-    return run_workers(bind_sockets(args.host, args.port, args.workers), run_one)
+    return fork_workers(args.workers, run_one, listeners=socks)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def create_app(
         max_bytes=config.cache.max_bytes,
         clock=clock,
         on_evict=metrics.evicted,
+        keep_stale=any(config.stale_if_error_ms(name) > 0 for name in config.upstreams),
     )
     upstreams: dict[str, Upstream] = {}
     cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None

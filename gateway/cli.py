@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import functools
 import glob
+import importlib.util
 import logging
 import os
 import shutil
@@ -14,6 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
@@ -25,16 +28,22 @@ from .telemetry import ACCESS_LOGGER, MULTIPROC_DIR_ENV, AccessLogHandler, Multi
 
 __all__ = ["main"]
 
-EXIT_CONFIG = 2
-#: Listen backlog of the sockets bound for ``--workers`` (aiohttp's default is 128).
+#: Exit status of every start-up failure (config, listening socket, event loop) and of a bad
+#: ``check-config``; argparse uses it for bad arguments too.
+EXIT_CONFIG: Final = 2
+#: Listen backlog of the gateway's listening sockets (aiohttp's default is 128).
 BACKLOG: Final = 1024
+
+
+class StartupError(Exception):
+    """``serve`` cannot start. The message is the one line printed on stderr (after
+    ``mcp-gateway: ``): what went wrong and what to do about it. Exit status :data:`EXIT_CONFIG`."""
 
 
 def _config_path(arg: str | None) -> str:
     path = arg or os.environ.get("MCP_GATEWAY_CONFIG")
     if not path:
-        print("mcp-gateway: no config: pass --config PATH or set MCP_GATEWAY_CONFIG", file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG)
+        raise StartupError("no config: pass --config PATH or set MCP_GATEWAY_CONFIG")
     return path
 
 
@@ -42,8 +51,7 @@ def _load(path: str) -> GatewayConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
-        print(f"mcp-gateway: invalid config: {exc}", file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG) from exc
+        raise StartupError(f"invalid config: {exc}") from exc
 
 
 def _positive_int(value: str) -> int:
@@ -51,6 +59,12 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
     return number
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 0 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a TCP port (0-65535; 0: any free port)")
+    return int(value)
 
 
 def setup_logging(level: str, fmt: str) -> None:
@@ -122,40 +136,97 @@ def new_event_loop(kind: str = "auto") -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def bind_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """``count`` listening TCP sockets on ``host:port``, all with ``SO_REUSEPORT``.
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    The kernel spreads incoming connections over them (Linux). With ``port`` 0 the first
-    socket picks a free port and the others join it.
+
+def listen_error(host: str, port: int, exc: OSError, address: str | None = None) -> str:
+    """The one line (after ``mcp-gateway: ``) saying why ``host:port`` cannot be listened on,
+    and what to do: for a port in use, a port that needs privileges, an address that is not
+    this machine's, a name that does not resolve; else the system's words. ``address``: the
+    one of the addresses ``host`` resolves to that failed, when it is not ``host`` itself."""
+    where = f"cannot listen on {_where(host, port)}"
+    if address is not None and address != host:
+        where += f" ({_where(address, port)})"
+    port_fix = "pick another port with --port or listener.port"
+    host_fix = "set --host or listener.host to an address of this machine (127.0.0.1: this machine only, 0.0.0.0: all)"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: the host name does not resolve ({exc.strerror}); {host_fix}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: address already in use (another program listens there, perhaps another "
+            f"mcp-gateway); stop it or {port_fix}"
+        )
+    if exc.errno == errno.EACCES:
+        if 0 < port < 1024:
+            return (
+                f"{where}: permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE); "
+                f"pick a port from 1024 up with --port or listener.port"
+            )
+        return f"{where}: permission denied; {port_fix}, or allow this user to bind it"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: {address or host} is not an address of this machine; {host_fix}"
+    return f"{where}: {exc.strerror or exc}; check --host and --port (listener.host, listener.port)"
+
+
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """The gateway's listening TCP sockets on ``host:port``, bound once, in this process.
+
+    One socket per address ``host`` resolves to, as aiohttp's own ``TCPSite`` binds
+    (``localhost``: 127.0.0.1 and ::1 where both resolve; ``""``: every interface); with port 0
+    the first picks a free port and the others take the same one. ``SO_REUSEADDR`` (a restart
+    need not wait out TIME_WAIT) but no ``SO_REUSEPORT``: while these are open no other process
+    can listen on the port, another gateway or not. ``--workers`` processes forked afterwards
+    inherit them and all accept on them.
+
+    Raises:
+        StartupError: ``host`` does not resolve or an address cannot be bound (:func:`listen_error`).
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
-            sock = socket.socket(family, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise StartupError(listen_error(host, port, exc)) from exc
+    socks: list[socket.socket] = []
+    seen: set[tuple[int, str]] = set()
+    ip = host
+    try:
+        for family, kind, proto, _, address in infos:
+            ip = str(address[0])
+            if (family, ip) in seen:
+                continue
+            seen.add((family, ip))
+            try:
+                sock = socket.socket(family, kind, proto)
+            except OSError:  # an address family this kernel lacks (no IPv6): skipped, as asyncio does
+                continue
             socks.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind((host, port))
+            if family == socket.AF_INET6:  # so that "::" and "0.0.0.0" can both be bound
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((ip, port, *address[2:]))
             port = sock.getsockname()[1]
             sock.listen(BACKLOG)
-            sock.set_inheritable(False)
-    except OSError:
+    except OSError as exc:
         for sock in socks:
             sock.close()
-        raise
+        raise StartupError(listen_error(host, port, exc, ip)) from exc
+    if not socks:
+        raise StartupError(listen_error(host, port, OSError(errno.EAFNOSUPPORT, os.strerror(errno.EAFNOSUPPORT))))
     return socks
 
 
-def run_workers(
-    socks: Sequence[socket.socket],
-    run_one: Callable[[socket.socket], None],
+def fork_workers(
+    count: int,
+    run_one: Callable[[int], None],
     *,
+    listeners: Sequence[socket.socket] = (),
     on_exit: Callable[[int], None] | None = None,
 ) -> int:
-    """Fork one worker process per socket, each calling ``run_one(sock)``; supervise them.
+    """Fork ``count`` worker processes, worker ``i`` calling ``run_one(i)``; supervise them.
 
-    SIGINT/SIGTERM to this (parent) process stop every worker (SIGTERM, which
+    The workers inherit ``listeners`` (a fork keeps every open socket); this (parent) process
+    closes its own copies once they are all forked, so the port is free again when the last
+    worker exits. SIGINT/SIGTERM to the parent stop every worker (SIGTERM, which
     ``aiohttp.web.run_app`` turns into a graceful shutdown). If a worker dies on its own,
     the others are stopped too and the exit status is 1: the process supervisor (systemd,
     Kubernetes) restarts the whole gateway, so no worker silently goes missing.
@@ -163,15 +234,12 @@ def run_workers(
     """
     log = logging.getLogger("mcp_gateway")
     workers: dict[int, int] = {}
-    for index, sock in enumerate(socks):
+    for index in range(count):
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1
             try:
-                for other in socks:
-                    if other is not sock:
-                        other.close()
-                run_one(sock)
+                run_one(index)
                 code = 0
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
@@ -181,7 +249,7 @@ def run_workers(
                 logging.shutdown()  # os._exit skips atexit: write the queued access-log lines
                 os._exit(code)
         workers[pid] = index
-    for sock in socks:
+    for sock in listeners:
         sock.close()
 
     stopping = False
@@ -243,27 +311,36 @@ def serve(
     """Run the gateway until interrupted on the event loop ``loop`` (see :data:`LOOPS`); returns
     the exit status.
 
-    ``workers`` > 1 runs that many processes accepting on one port (``SO_REUSEPORT``,
-    Linux). Each worker has its own cache and coalescing: without ``[cluster]`` a cold key is
+    The listening socket is bound here, before anything else starts (:func:`bind_listeners`),
+    so that a port in use or an address that cannot be bound is a :class:`StartupError`.
+    ``workers`` > 1 forks that many processes after binding, all accepting on that one socket
+    (no ``SO_REUSEPORT``: a second gateway on the port fails to bind like any program). Each
+    worker has its own cache and coalescing: without ``[cluster]`` a cold key is
     fetched upstream once per worker; purges and listen-stream notifications reach every
     worker. The metrics are the group's: the workers keep them in files in :func:`metrics_dir`
     (prometheus_client multiprocess mode), and ``/metrics``, whichever worker answers it,
     reports the sum over all of them (``gateway.telemetry.metrics``).
+
+    Raises:
+        StartupError: the socket cannot be bound, or ``loop`` is ``uvloop`` and it is not installed.
     """
     from .app import create_app
 
     bind_host = host or config.listener.host
     bind_port = config.listener.port if port is None else port
     log = logging.getLogger("mcp_gateway")
+    if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        raise StartupError(
+            "--loop uvloop: uvloop is not installed; pip install 'mcp-gateway[speed]' or use --loop auto"
+        )
 
-    def run_one(sock: socket.socket | None, group_dir: str | None = None, bus_dir: str | None = None) -> None:
+    def run_one(socks: list[socket.socket], group_dir: str | None = None, bus_dir: str | None = None) -> None:
         # In the worker, after the fork: its metrics are created here, in multiprocess mode.
         registry = None if group_dir is None else MultiProcessRegistry(group_dir)
         web.run_app(
             create_app(config, hot_path=hot_path, metrics_registry=registry, worker_bus=bus_dir),
-            host=None if sock else bind_host,
-            port=None if sock else bind_port,
-            sock=sock,
+            sock=socks,
+            backlog=BACKLOG,  # asyncio listens again on the socket it is given, with this backlog
             handler_cancellation=True,  # a caller that disconnects cancels its upstream request
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             access_log=None,
@@ -271,17 +348,24 @@ def serve(
             loop=new_event_loop(loop),
         )
 
+    socks = bind_listeners(bind_host, bind_port)
     if workers <= 1:
-        run_one(None)
+        try:
+            run_one(socks)
+        finally:
+            for sock in socks:
+                sock.close()
         return 0
-    socks = bind_sockets(bind_host, bind_port, workers)
-    log.info("serving on %s:%d with %d workers", bind_host, socks[0].getsockname()[1], workers)
+    where = ", ".join(_where(*sock.getsockname()[:2]) for sock in socks)
+    log.info("serving on %s with %d workers", where, workers)
     with metrics_dir() as path, tempfile.TemporaryDirectory(prefix="mcp-gateway-bus-") as bus_dir:
-        return run_workers(
-            socks,
-            # Without [cluster], purges and notifications reach the other workers through a bus
-            # (gateway.cluster.workers); with it, through Redis, as they reach other replicas.
-            functools.partial(run_one, group_dir=path, bus_dir=None if config.cluster else bus_dir),
+        # Purges and notifications reach the other workers through a bus (gateway.cluster.workers),
+        # with [cluster] too: through Redis as well, but a purge must reach them while it is down.
+        one = functools.partial(run_one, socks, group_dir=path, bus_dir=bus_dir)
+        return fork_workers(
+            workers,
+            lambda _index: one(),
+            listeners=socks,
             on_exit=functools.partial(mark_process_dead, path=path),  # its live* gauges leave the sums
         )
 
@@ -289,15 +373,20 @@ def serve(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mcp-gateway", description="Caching discovery gateway for MCP servers.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p_serve = sub.add_parser("serve", help="run the gateway")
+    p_serve = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the gateway. A start-up failure (config, port, address) is one line on stderr, "
+        "exit status 2; with --log-level debug its traceback follows.",
+    )
     p_serve.add_argument("--config", help="TOML config file (default: $MCP_GATEWAY_CONFIG)")
     p_serve.add_argument("--host", help="override listener.host")
-    p_serve.add_argument("--port", type=int, help="override listener.port")
+    p_serve.add_argument("--port", type=_port, help="override listener.port")
     p_serve.add_argument(
         "--workers",
         type=_positive_int,
         default=os.environ.get("MCP_GATEWAY_WORKERS", "1"),
-        help="worker processes sharing the port via SO_REUSEPORT, each with its own cache; "
+        help="worker processes accepting on the one listening socket, each with its own cache; "
         "/metrics reports the sum over them (default 1)",
     )
     p_serve.add_argument(
@@ -327,20 +416,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_demo.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
     args = parser.parse_args(argv)
 
-    if args.command == "check-config":
-        config = _load(args.path)
-        print(f"{args.path}: ok ({len(config.upstreams)} upstreams: {', '.join(config.upstreams) or 'none'})")
-        return 0
-    if args.command == "serve":
-        setup_logging(args.log_level, args.log_format)
-        return serve(
-            _load(_config_path(args.config)),
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            loop=args.loop,
-            hot_path=not args.plain_path,
-        )
+    try:
+        if args.command == "check-config":
+            config = _load(args.path)
+            print(f"{args.path}: ok ({len(config.upstreams)} upstreams: {', '.join(config.upstreams) or 'none'})")
+            return 0
+        if args.command == "serve":
+            setup_logging(args.log_level, args.log_format)
+            return serve(
+                _load(_config_path(args.config)),
+                host=args.host,
+                port=args.port,
+                workers=args.workers,
+                loop=args.loop,
+                hot_path=not args.plain_path,
+            )
+    except StartupError as exc:
+        # Plain text whatever --log-format: it is read by whoever started the gateway (a
+        # terminal, `kubectl logs`, `systemctl status`), and nothing was logged before it.
+        print(f"mcp-gateway: {exc}", file=sys.stderr, flush=True)
+        if args.command == "serve" and args.log_level == "debug":
+            traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+        return EXIT_CONFIG
     from .demo import run_demo
 
     return run_demo(gateway_port=args.port)

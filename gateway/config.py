@@ -6,12 +6,16 @@ variable ``NAME`` at load time, and a missing variable is a load error (README, 
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
+import sys
 import tomllib
+import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationError, field_validator, model_validator
@@ -37,6 +41,7 @@ DEFAULT_MAX_ENTRIES: Final = 10_000
 DEFAULT_MAX_ENTRY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_MAX_TTL_MS: Final = 3_600_000
+DEFAULT_STALE_IF_ERROR_MS: Final = 0
 DEFAULT_TIMEOUT_S: Final = 30.0
 DEFAULT_CONNECT_TIMEOUT_S: Final = 5.0
 DEFAULT_STREAM_IDLE_TIMEOUT_S: Final = 300.0
@@ -104,6 +109,17 @@ class CacheConfig(_Model):
     vary_on_client_capabilities: bool = Field(
         True, description="Key entries on the request's clientCapabilities (default for every upstream)."
     )
+    stale_if_error_ms: int = Field(
+        DEFAULT_STALE_IF_ERROR_MS,
+        ge=0,
+        description="Keep an expired public entry this long past its expiry, and serve it (ttlMs 0) only "
+        "when fetching it again fails, in milliseconds (0: never serve stale; default for every upstream).",
+    )
+    refresh_ahead: bool = Field(
+        False,
+        description="Fetch an entry again in the background when it is asked for in the last part of its "
+        "lifetime (default for every upstream).",
+    )
 
 
 class AuthConfig(_Model):
@@ -140,6 +156,10 @@ class UpstreamConfig(_Model):
     vary_on_client_capabilities: bool | None = Field(
         None, description="Override of [cache].vary_on_client_capabilities for this upstream."
     )
+    stale_if_error_ms: int | None = Field(
+        None, ge=0, description="Override of [cache].stale_if_error_ms for this upstream, in milliseconds."
+    )
+    refresh_ahead: bool | None = Field(None, description="Override of [cache].refresh_ahead for this upstream.")
     max_response_bytes: int = Field(
         DEFAULT_MAX_RESPONSE_BYTES, gt=0, description="Largest non-streamed upstream response, in bytes (else 502)."
     )
@@ -268,8 +288,8 @@ class ClusterConfig(_Model):
         if port == 0:
             raise ValueError("port 0 is not a Redis port")
         db = url.path.lstrip("/")
-        if db and not db.isdigit():
-            raise ValueError(f"the database (after the last '/') is not a number ({_ENCODE_HINT})")
+        if db and (not db.isdigit() or int(db) > 2**31 - 1):
+            raise ValueError(f"the database (after the last '/') is not a number from 0 ({_ENCODE_HINT})")
         if url.fragment:
             raise ValueError(f"has a '#' fragment ({_ENCODE_HINT})")
         keys = {k for k, _ in parse_qsl(url.query, keep_blank_values=True)}
@@ -325,6 +345,16 @@ class GatewayConfig(_Model):
         override = self.upstreams[upstream].vary_on_client_capabilities
         return self.cache.vary_on_client_capabilities if override is None else override
 
+    def stale_if_error_ms(self, upstream: str) -> int:
+        """How long past expiry ``upstream``'s entries are kept to be served if it fails, in ms."""
+        override = self.upstreams[upstream].stale_if_error_ms
+        return self.cache.stale_if_error_ms if override is None else override
+
+    def refresh_ahead(self, upstream: str) -> bool:
+        """Whether ``upstream``'s entries in demand are fetched again before they expire."""
+        override = self.upstreams[upstream].refresh_ahead
+        return self.cache.refresh_ahead if override is None else override
+
 
 def _substitute(value: Any, path: str, env: Mapping[str, str]) -> Any:
     if isinstance(value, str):
@@ -343,36 +373,155 @@ def _substitute(value: Any, path: str, env: Mapping[str, str]) -> Any:
     return value
 
 
+def _unwrap(node: Any) -> Any:
+    """``X`` of ``Annotated[X, ...]`` and of ``X | None``."""
+    while True:
+        origin = get_origin(node)
+        if origin is Annotated:
+            node = get_args(node)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(node) if a is not type(None)]
+            if len(args) != 1:
+                return node
+            node = args[0]
+        else:
+            return node
+
+
+def _keys_of_table(table: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys allowed in the table at ``table`` (``("cache",)``, ``("upstreams", "a")``, ``()``
+    for the top level), or none when ``table`` is not a table of the model."""
+    node: Any = GatewayConfig
+    for part in table:
+        node = _unwrap(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(part)
+            if field is None:
+                return ()
+            node = field.annotation
+        elif get_origin(node) is Mapping:
+            node = get_args(node)[1]
+        else:
+            return ()
+    node = _unwrap(node)
+    return tuple(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else ()
+
+
+def _unknown_key(loc: tuple[str, ...]) -> str:
+    """``unknown key``, with the closest key allowed in its table when one is close enough."""
+    close = difflib.get_close_matches(loc[-1], _keys_of_table(loc[:-1]), n=1)
+    return f"unknown key (did you mean `{close[0]}`?)" if close else "unknown key"
+
+
+# Just enough of TOML's key syntax to find the line of a key in a file that tomllib parsed.
+_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
+_DOTTED = rf"(?:{_KEY_PART.pattern})(?:[ \t]*\.[ \t]*(?:{_KEY_PART.pattern}))*"
+_TABLE_LINE = re.compile(rf"[ \t]*\[[ \t]*({_DOTTED})[ \t]*\][ \t]*(?:#.*)?")
+_ARRAY_TABLE_LINE = re.compile(r"[ \t]*\[\[")
+_KEY_LINE = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
+
+
+def _split_key(dotted: str) -> tuple[str, ...] | None:
+    """``a."b.c".'d'`` -> ``("a", "b.c", "d")``; None for a quoted key with escapes JSON lacks."""
+    parts = []
+    for match in _KEY_PART.finditer(dotted):
+        part = match.group(0)
+        if part.startswith('"'):
+            try:
+                part = json.loads(part)
+            except ValueError:
+                return None
+        elif part.startswith("'"):
+            part = part[1:-1]
+        parts.append(part)
+    return tuple(parts)
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], list[int]]:
+    """The lines (1-based) where each table header and key of a valid TOML ``text`` appears,
+    by full path (``[upstreams.a]`` then ``timeout = 3``: ``("upstreams", "a", "timeout")``).
+    Keys inside inline tables and arrays of tables are not found; lines inside multi-line
+    strings are skipped."""
+    found: dict[tuple[str, ...], list[int]] = {}
+    table: tuple[str, ...] | None = ()
+    in_string = False
+    for number, line in enumerate(text.splitlines(), 1):
+        quotes = line.count('"""') + line.count("'''")
+        if in_string:
+            in_string = quotes % 2 == 0
+            continue
+        in_string = quotes % 2 == 1
+        if _ARRAY_TABLE_LINE.match(line):
+            table = None
+        elif header := _TABLE_LINE.fullmatch(line):
+            table = _split_key(header.group(1))
+            if table is not None:
+                found.setdefault(table, []).append(number)
+        elif table is not None and (key := _KEY_LINE.match(line)):
+            path = _split_key(key.group(1))
+            if path is not None:
+                found.setdefault(table + path, []).append(number)
+    return found
+
+
+def _problems(exc: ValidationError, source: str | None) -> str:
+    """One ``[line N: ]KEY: what is wrong`` per error of ``exc``, joined with ``; `` in the order
+    of their lines (those without one last); the line only when ``source`` (the file's text) has
+    exactly one line for the key (or, for a missing key, for its table)."""
+    lines = _key_lines(source) if source is not None else {}
+    out: list[tuple[int, str]] = []
+    for err in exc.errors():
+        path: list[str] = []
+        for part in err["loc"]:
+            if not isinstance(part, str) or part == "[key]":
+                break
+            path.append(part)
+        loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        msg = _unknown_key(tuple(path)) if err["type"] == "extra_forbidden" else err["msg"]
+        at = lines.get(tuple(path)) or (lines.get(tuple(path[:-1])) if err["type"] == "missing" and path else None)
+        if at and len(at) == 1:
+            out.append((at[0], f"line {at[0]}: {loc}: {msg}"))
+        else:
+            out.append((sys.maxsize, f"{loc}: {msg}"))
+    return "; ".join(text for _, text in sorted(out, key=lambda item: item[0]))
+
+
 def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewayConfig:
     """Validate already-parsed TOML data, replacing ``${NAME}`` from ``env`` (default ``os.environ``).
 
     Raises:
-        ConfigError: a missing environment variable or an invalid/unknown key, naming it.
+        ConfigError: a missing environment variable or an invalid/unknown key, naming it (an
+            unknown key with the closest valid one: ``unknown key (did you mean `max_ttl_ms`?)``).
     """
+    return _validate(data, env, None)
+
+
+def _validate(data: Mapping[str, Any], env: Mapping[str, str] | None, source: str | None) -> GatewayConfig:
     resolved = _substitute(dict(data), "", os.environ if env is None else env)
     try:
         return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            lines.append(f"{loc}: {msg}")
-        raise ConfigError("; ".join(lines)) from exc
+        raise ConfigError(_problems(exc, source)) from exc
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
     """Read and validate the TOML file at ``path``.
 
     Raises:
-        ConfigError: unreadable file, invalid TOML, missing variable, invalid or unknown key.
+        ConfigError: unreadable file, invalid TOML, missing variable, invalid or unknown key;
+            the message starts with ``path`` and gives the line where it can be sure of it
+            (``gw.toml: line 3: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)``).
     """
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    return parse_config(data, env)
+    try:
+        return _validate(data, env, text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc.__cause__

@@ -28,6 +28,7 @@ __all__ = [
     "HeaderMismatch",
     "InvalidParams",
     "InvalidRequest",
+    "Misdirected",
     "NotFound",
     "Overloaded",
     "ParseError",
@@ -147,6 +148,16 @@ class Forbidden(GatewayError):
 
     code = -32600
     status = 403
+
+
+class Misdirected(GatewayError):
+    """A ``Host`` that is not a loopback name on a loopback listener (HTTP 421 Misdirected
+    Request, RFC 9110, section 15.5.20): how a DNS-rebinding page shows itself (MCP 2026-07-28,
+    basic/transports/streamable-http, 'Security & Endpoint'). The spec gives no JSON-RPC code
+    for it: -32600, as for the gateway's other refusals of a request as sent (401, 403, 408, 413)."""
+
+    code = -32600
+    status = 421
 
 
 class PayloadTooLarge(GatewayError):

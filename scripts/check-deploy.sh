@@ -17,14 +17,15 @@
 #   @kubernetes-models/prometheus-operator
 #                        pinned in deploy/tools/package-lock.json, installed
 #                        with `npm ci` into $DEPLOY_TOOLS_DIR/node (needs node)
-# DEPLOY_TOOLS_DIR defaults to ${XDG_CACHE_HOME:-~/.cache}/mcp-gateway-deploy-tools.
+# DEPLOY_TOOLS_DIR defaults to .tools/deploy in this checkout (about 210 MB;
+# `make clean` removes it with the rest of .tools/).
 # All validation runs offline once the tools are installed.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEPLOY="$ROOT/deploy"
 TOOLS_SRC="$DEPLOY/tools"
-TOOLS_DIR="${DEPLOY_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mcp-gateway-deploy-tools}"
+TOOLS_DIR="${DEPLOY_TOOLS_DIR:-$ROOT/.tools/deploy}"
 VENV="$TOOLS_DIR/venv"
 NODE_DIR="$TOOLS_DIR/node"
 PYTHON="${PYTHON:-python3}"
@@ -35,7 +36,7 @@ STEPS=()
 for arg in "$@"; do
   case "$arg" in
     --no-install) INSTALL=0 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     install|all|docker|yaml|prometheus|grafana|manifests|config) STEPS+=("$arg") ;;
     *) echo "check-deploy: unknown argument: $arg" >&2; exit 2 ;;
   esac

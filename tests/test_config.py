@@ -114,3 +114,83 @@ def test_check_config_exits_2_naming_the_bad_key(tmp_path: Path) -> None:
 def test_check_config_exits_2_on_bad_toml_and_missing_file(tmp_path: Path) -> None:
     assert run_cli("check-config", str(write(tmp_path, "[listener\n"))).returncode == 2
     assert run_cli("check-config", str(tmp_path / "nope.toml")).returncode == 2
+
+
+# -- what an unknown or bad key's message says (issue 16) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"cache": {"max_ttl_msec": 1}}, "cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)"),
+        ({"listener": {"prot": 1}}, "listener.prot: unknown key (did you mean `port`?)"),
+        ({"cahce": {}}, "cahce: unknown key (did you mean `cache`?)"),
+        (
+            {"upstreams": {"a": {"url": "http://x/mcp", "timeout": 3}}},
+            "upstreams.a.timeout: unknown key (did you mean `timeout_s`?)",
+        ),
+        ({"auth": {"tokens": ["x" * 16], "token": "y"}}, "auth.token: unknown key (did you mean `tokens`?)"),
+        ({"surprise": 1}, "surprise: unknown key"),  # nothing close: no guess
+    ],
+)
+def test_an_unknown_key_comes_with_the_closest_valid_key_of_its_table(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, env={})
+    assert str(info.value) == message
+
+
+def test_a_file_names_the_line_of_each_bad_key_in_line_order(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "# a gateway\n"
+        "cache.max_ttl_msec = 1\n"  # a dotted key at the top level
+        "[listener]\n"
+        "port = 8080\n"
+        '[upstreams."a"]\n'
+        'url = "http://127.0.0.1:1/mcp"\n'
+        "timeout = 3   # seconds\n"
+        "[upstreams.b]\n"  # no url
+        "[registry]\n"
+        "probe_timeout_s = 0\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: line 2: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?); "
+        "line 7: upstreams.a.timeout: unknown key (did you mean `timeout_s`?); "
+        "line 8: upstreams.b.url: Field required; "
+        "line 10: registry.probe_timeout_s: Input should be greater than 0"
+    )
+
+
+def test_a_line_is_given_only_where_it_is_certain(tmp_path: Path) -> None:
+    """Inside an inline table the key's line is not looked for; text in a multi-line string that
+    looks like a key is not taken for one."""
+    path = write(
+        tmp_path,
+        "listener = { prot = 1 }\n"
+        "[upstreams.a]\n"
+        'url = "http://127.0.0.1:1/mcp"\n'
+        "[upstreams.a.headers]\n"
+        'X-Note = """\n'
+        "[cache]\n"
+        "max_ttl_msec = 2\n"
+        '"""\n'
+        "[cache]\n"
+        "max_ttl_msec = 1\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: line 10: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?); "
+        "listener.prot: unknown key (did you mean `port`?)"
+    )
+
+
+def test_check_config_prints_one_line_with_the_key_meant_and_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[cache]\nmax_ttl_msec = 1\n[upstreams.a]\nurl = "http://127.0.0.1:1/mcp"\n')
+    done = run_cli("check-config", str(path))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"mcp-gateway: invalid config: {path}: line 2: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)\n"
+    )

@@ -35,6 +35,7 @@ KNOWN_METRICS = {
     "mcp_gateway_request_duration_seconds",
     "mcp_gateway_cache_lookups_total",
     "mcp_gateway_cache_stores_total",
+    "mcp_gateway_cache_refreshes_total",
     "mcp_gateway_cache_evictions_total",
     "mcp_gateway_cache_entries",
     "mcp_gateway_cache_bytes",
@@ -269,9 +270,7 @@ def test_manifest_schema_validation():
 
 def test_manifest_validation_catches_unknown_field(tmp_path):
     venv_python = pathlib.Path(os.environ.get(
-        "DEPLOY_TOOLS_DIR",
-        pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-        / "mcp-gateway-deploy-tools")) / "venv" / "bin" / "python"
+        "DEPLOY_TOOLS_DIR", ROOT / ".tools" / "deploy")) / "venv" / "bin" / "python"
     if not venv_python.exists():
         pytest.fail(f"validators not installed ({venv_python}): run scripts/check-deploy.sh install")
     bad = (K8S / "deployment.yaml").read_text().replace(

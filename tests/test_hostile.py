@@ -90,7 +90,7 @@ def status_and_json(raw: bytes) -> tuple[int, Any]:
 def raw_tools_list(request_id: str) -> bytes:
     """A whole ``tools/list`` POST to upstream ``up``, as bytes for a raw socket."""
     body = json.dumps(rpc("tools/list", request_id)).encode()
-    head = "POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\n" + "".join(
+    head = "POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
         f"{k}: {v}\r\n" for k, v in mcp_headers("tools/list").items()
     )
     return head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -194,7 +194,7 @@ async def test_stalled_bodies_are_answered_408_in_time_and_other_callers_are_ser
     port = gw.server.port
     assert port is not None
     head = (
-        b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100000\r\n\r\n"
     )
     started = time.monotonic()
@@ -309,7 +309,7 @@ async def test_an_authorization_header_that_is_not_utf8_is_401_not_500(
     for path in (b"/servers/up/mcp", b"/v0.1/servers", b"/registry/versions", b"/metrics"):
         verb = b"POST" if path.startswith(b"/servers") else b"GET"
         head = (
-            verb + b" " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            verb + b" " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n"
             b"Authorization: Bearer \xff\xfe\xfd-not-utf8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
             % len(body)
@@ -327,7 +327,8 @@ async def test_a_corrupt_gzip_body_is_a_parse_error_not_a_500(
     assert gw.server.port is not None
     body = b"\x1f\x8b\x08\x00not really gzip at all"
     head = (
-        b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+        b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Encoding: gzip\r\n"
         b"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\nContent-Length: %d\r\n\r\n" % len(body)
     )
     status, answer = status_and_json(await raw_exchange(gw.server.port, head, body))
@@ -488,9 +489,9 @@ async def test_malformed_requests_log_no_request_text_no_traceback_and_a_bounded
                     await asyncio.sleep(0.1)
         secret = b"Bearer s3cret-that-must-not-be-logged"
         bad = [
-            b"POST /servers/up/mcp HTTP/1.1\nHost: x\nAuthorization: " + secret + b"\nContent-Length: 2\n\n{}",
-            b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\nAuthorization: " + secret + b"\r\nBad Header\r\n\r\n",
-            b"POST /servers/up/mcp HTTP/1.1\r\nHost: x\r\nAuthorization: " + secret
+            b"POST /servers/up/mcp HTTP/1.1\nHost: 127.0.0.1\nAuthorization: " + secret + b"\nContent-Length: 2\n\n{}",
+            b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + secret + b"\r\nBad Header\r\n\r\n",
+            b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + secret
             + b"\r\nContent-Encoding: gzip\r\nContent-Length: 9\r\n\r\n\x1f\x8b\x08garbage",
         ]
         for i in range(150):

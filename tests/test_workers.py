@@ -1,8 +1,8 @@
 """``mcp-gateway serve --workers N``: one ``/metrics`` for the process group (issue 13).
 
 The gateway runs as operators run it, a real ``serve --workers 2`` process in front of a real SDK
-upstream (``public_upstream``); every request and every scrape is on a new connection, so the
-kernel (``SO_REUSEPORT``) spreads both over the two workers. Before multiprocess mode, each
+upstream (``public_upstream``); every request and every scrape is on a new connection, which
+either worker may accept (both accept on the one socket the parent bound). Before multiprocess mode, each
 scrape reported the worker it reached (a hit counter read 8, 10, 8, 8, 8, 10).
 """
 

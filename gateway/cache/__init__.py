@@ -2,16 +2,32 @@
 
 No aiohttp here. Modules, lower first: ``keys`` (what makes two requests one), ``policy`` (the
 storability decision, entries, invalidation by notification), ``store`` (the interface and the
-in-process store), ``coalesce`` (one upstream request per cold key).
+in-process store), ``stale`` (stale-if-error's backoff), ``coalesce`` (one upstream request per
+cold key).
 """
 
 from .coalesce import Coalescer
 from .keys import CacheKey, canonical_json, make_key
-from .policy import STORED, CacheEntry, Invalidation, build_entry, invalidation, store_outcome, uri_of
+from .policy import (
+    REFRESH_FRACTION,
+    REFRESH_MIN_S,
+    STORED,
+    CacheEntry,
+    Invalidation,
+    build_entry,
+    invalidation,
+    lifetimes,
+    store_outcome,
+    uri_of,
+)
+from .stale import Backoff, Stale
 from .store import CacheStore, Clock, EvictionListener, MemoryStore
 
 __all__ = [
+    "REFRESH_FRACTION",
+    "REFRESH_MIN_S",
     "STORED",
+    "Backoff",
     "CacheEntry",
     "CacheKey",
     "CacheStore",
@@ -20,9 +36,11 @@ __all__ = [
     "EvictionListener",
     "Invalidation",
     "MemoryStore",
+    "Stale",
     "build_entry",
     "canonical_json",
     "invalidation",
+    "lifetimes",
     "make_key",
     "store_outcome",
     "uri_of",

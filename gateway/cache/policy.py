@@ -23,9 +23,25 @@ import orjson
 from ..codec import dumps
 from .keys import CacheKey
 
-__all__ = ["STORED", "CacheEntry", "Invalidation", "build_entry", "invalidation", "store_outcome", "uri_of"]
+__all__ = [
+    "REFRESH_FRACTION",
+    "REFRESH_MIN_S",
+    "STORED",
+    "CacheEntry",
+    "Invalidation",
+    "build_entry",
+    "invalidation",
+    "lifetimes",
+    "store_outcome",
+    "uri_of",
+]
 
 STORED: Final = "stored"
+#: Refresh-ahead: an entry asked for in the last tenth of its lifetime is fetched again ...
+REFRESH_FRACTION: Final = 0.1
+#: ... or in its last second, whichever is longer (but never in the first half of its lifetime),
+#: so that a short-lived entry has the time of an upstream round trip left to be refreshed in.
+REFRESH_MIN_S: Final = 1.0
 
 
 def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> str:
@@ -70,7 +86,11 @@ class CacheEntry:
     The response to a hit is ``{"jsonrpc":"2.0","id":<id>`` + ``head`` + remaining ttlMs +
     ``tail``; ``expires_at`` and ``stored_at`` are clock seconds, ``ttl_ms`` the stored lifetime
     in milliseconds (already capped by ``max_ttl_ms``), ``size`` the length of the buffer
-    ``head`` and ``tail`` are views of, in bytes.
+    ``head`` and ``tail`` are views of, in bytes. ``keep_until`` (clock seconds, at least
+    ``expires_at``) is when the store drops it: later than ``expires_at`` only for an upstream
+    with ``stale_if_error_ms``, whose expired entry may answer while fetching it again fails.
+    ``refresh_at`` (clock seconds; infinite without refresh-ahead) is when a hit on it starts a
+    background refresh (:func:`lifetimes`).
     """
 
     head: bytes | memoryview
@@ -79,6 +99,8 @@ class CacheEntry:
     expires_at: float
     ttl_ms: int
     size: int
+    keep_until: float
+    refresh_at: float = math.inf
 
     def remaining_ms(self, now: float) -> int:
         """Milliseconds of freshness left at ``now``, floored at 0."""
@@ -96,16 +118,43 @@ class CacheEntry:
             ttl_ms = 0
         return b"".join((_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail)), ttl_ms
 
+    def stale(self, id_json: bytes, now: float) -> tuple[bytes, int]:
+        """The response for a stale answer (stale-if-error) at ``now``, past ``expires_at``: ``ttlMs``
+        0, and the whole seconds it is past its expiry, rounded up (at least 1: RFC 9211 reads a
+        negative ``ttl`` as stale, and ``-0`` would be 0)."""
+        past = max(1, math.ceil(now - self.expires_at))
+        return b"".join((_RESPONSE_START, id_json, self.head, b"0", self.tail)), past
+
+
+def lifetimes(expires_at: float, ttl_ms: int, stale_if_error_ms: int, refresh_ahead: bool) -> tuple[float, float]:
+    """``(keep_until, refresh_at)`` of an entry expiring at ``expires_at`` (clock seconds) after a
+    lifetime of ``ttl_ms``: kept ``stale_if_error_ms`` past its expiry; with ``refresh_ahead``,
+    refreshed from :data:`REFRESH_FRACTION` of its lifetime (at least :data:`REFRESH_MIN_S`, at
+    most half of it) before it expires, else never."""
+    keep_until = expires_at + stale_if_error_ms / 1000
+    if not refresh_ahead:
+        return keep_until, math.inf
+    ttl_s = ttl_ms / 1000
+    return keep_until, expires_at - min(max(REFRESH_FRACTION * ttl_s, REFRESH_MIN_S), ttl_s / 2)
+
 
 _RESULT: Final = b',"result":'
 _PLACEHOLDER: Final = "mcp-gateway-ttl-" + secrets.token_hex(8)
 _PLACEHOLDER_JSON: Final = dumps(_PLACEHOLDER)
 
 
-def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> CacheEntry | None:
+def build_entry(
+    message: Mapping[str, Any],
+    now: float,
+    max_ttl_ms: int,
+    *,
+    stale_if_error_ms: int = 0,
+    refresh_ahead: bool = False,
+) -> CacheEntry | None:
     """Pre-render a storable response (see :func:`store_outcome`) as a :class:`CacheEntry`.
 
-    Lifetime is ``min(ttlMs, max_ttl_ms)`` milliseconds from ``now`` (clock seconds). Returns
+    Lifetime is ``min(ttlMs, max_ttl_ms)`` milliseconds from ``now`` (clock seconds); the last two
+    arguments are the upstream's (``keep_until``, ``refresh_at``: :func:`lifetimes`). Returns
     ``None`` if the result cannot be written back (it holds a number beyond the float range) or
     cannot be split around its ``ttlMs``.
     """
@@ -123,7 +172,9 @@ def build_entry(message: Mapping[str, Any], now: float, max_ttl_ms: int) -> Cach
     if at < 0 or rendered.find(_PLACEHOLDER_JSON, end) >= 0:
         return None
     view = memoryview(rendered)
-    return CacheEntry(view[:at], view[end:], now, now + ttl_ms / 1000, ttl_ms, len(rendered))
+    expires_at = now + ttl_ms / 1000
+    keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
+    return CacheEntry(view[:at], view[end:], now, expires_at, ttl_ms, len(rendered), keep_until, refresh_at)
 
 
 def uri_of(key: CacheKey) -> object:

@@ -6,6 +6,8 @@ knows which store it talks to.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Protocol
 
@@ -28,6 +30,17 @@ class CacheStore(Protocol):
     def get(self, key: CacheKey) -> CacheEntry | None:
         """The fresh entry for ``key``, or ``None``."""
 
+    def stale(self, key: CacheKey) -> CacheEntry | None:
+        """The entry for ``key`` if it expired and is still kept (stale-if-error), or ``None``."""
+
+    def supersede(self, key: CacheKey) -> None:
+        """The upstream's newest answer for ``key`` may not be stored (private, ...): its entry
+        is no longer kept past expiry nor refreshed, and goes now if it expired."""
+
+    @property
+    def purges(self) -> int:
+        """How many purges there were (a fetch started before one must not store its answer)."""
+
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
         """Store ``entry``; ``False`` if it was refused (caching disabled, too big, expired)."""
 
@@ -35,7 +48,7 @@ class CacheStore(Protocol):
         """Remove every entry whose key matches; returns how many."""
 
     def keys(self) -> list[CacheKey]:
-        """The keys of the fresh entries, a snapshot."""
+        """The keys of the entries (stale ones kept included), a snapshot."""
 
     def __len__(self) -> int: ...
 
@@ -46,10 +59,12 @@ class CacheStore(Protocol):
 
 class _Entries(TLRUCache[CacheKey, CacheEntry]):
     """cachetools' time-aware LRU, bounded in bytes (``getsizeof``: an entry's size), counting
-    the entries it evicts to make room (``popitem``)."""
+    the entries it evicts to make room (``popitem``); an entry lives until ``keep_until``
+    (``keep_stale``) or ``expires_at``."""
 
-    def __init__(self, max_bytes: int, clock: Clock) -> None:
-        super().__init__(maxsize=max_bytes, ttu=_expires_at, timer=clock, getsizeof=_size)
+    def __init__(self, max_bytes: int, clock: Clock, keep_stale: bool) -> None:
+        ttu = _keep_until if keep_stale else _expires_at
+        super().__init__(maxsize=max_bytes, ttu=ttu, timer=clock, getsizeof=_size)
         self.evicted = 0
 
     def popitem(self) -> tuple[CacheKey, CacheEntry]:
@@ -62,6 +77,10 @@ def _expires_at(_key: CacheKey, entry: CacheEntry, _now: float) -> float:
     return entry.expires_at
 
 
+def _keep_until(_key: CacheKey, entry: CacheEntry, _now: float) -> float:
+    return entry.keep_until
+
+
 def _size(entry: CacheEntry) -> int:
     return entry.size
 
@@ -70,9 +89,12 @@ class MemoryStore:
     """In-process store: per-entry expiry, least-recently-used eviction (cachetools ``TLRUCache``).
 
     Bounded by ``max_entries`` entries and ``max_bytes`` bytes in total; ``clock`` gives seconds.
-    An entry is gone from ``expires_at`` on (``clock() >= expires_at``). ``on_evict(reason,
-    count)`` hears of ``expired`` entries (counted by the next miss, put, purge, ``len()`` or
-    ``total_bytes`` that finds them), ``size`` evictions and purges (under the purge's reason).
+    An entry is no hit from ``expires_at`` on (``clock() >= expires_at``), and gone then, or with
+    ``keep_stale`` (some upstream has ``stale_if_error_ms``) from its ``keep_until`` on: until
+    then :meth:`stale` finds it, and it counts against both bounds like any other.
+    ``on_evict(reason, count)`` hears of ``expired`` entries (counted by the next miss, put,
+    purge, ``len()`` or ``total_bytes`` that finds them), ``size`` evictions and purges (under
+    the purge's reason).
     """
 
     def __init__(
@@ -82,11 +104,17 @@ class MemoryStore:
         max_bytes: int,
         clock: Clock,
         on_evict: EvictionListener | None = None,
+        keep_stale: bool = False,
     ) -> None:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._on_evict = on_evict
-        self._entries = _Entries(max_bytes, clock)
+        self._entries = _Entries(max_bytes, clock, keep_stale)
+        self._purges = 0
+        if keep_stale:
+            # Decided once: without stale entries, a hit costs no freshness check of its own
+            # (the TLRU cache's expiry is the entry's).
+            self.get = self._get_fresh  # type: ignore[method-assign]
 
     def _evicted(self, reason: str, count: int) -> None:
         if count and self._on_evict is not None:
@@ -101,6 +129,40 @@ class MemoryStore:
         except KeyError:
             self._expire()
             return None
+
+    def _get_fresh(self, key: CacheKey) -> CacheEntry | None:
+        """:meth:`get` of a store that keeps entries past expiry."""
+        try:
+            entry = self._entries[key]
+        except KeyError:
+            self._expire()
+            return None
+        if entry.keep_until > entry.expires_at and entry.expires_at <= self._entries.timer():
+            return None  # kept only to answer if fetching it again fails
+        return entry
+
+    def stale(self, key: CacheKey) -> CacheEntry | None:
+        try:
+            entry = self._entries[key]
+        except KeyError:
+            return None
+        return entry if entry.expires_at <= self._entries.timer() else None
+
+    def supersede(self, key: CacheKey) -> None:
+        entries = self._entries
+        entry = entries.get(key)
+        if entry is None or (entry.keep_until == entry.expires_at and entry.refresh_at == math.inf):
+            return
+        self._expire()
+        if entry.expires_at <= entries.timer():
+            entries.pop(key, None)
+            self._evicted("superseded", 1)
+        else:
+            entries[key] = dataclasses.replace(entry, keep_until=entry.expires_at, refresh_at=math.inf)
+
+    @property
+    def purges(self) -> int:
+        return self._purges
 
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
         if self._max_entries == 0 or entry.size > self._max_bytes:
@@ -118,6 +180,7 @@ class MemoryStore:
         return True
 
     def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
+        self._purges += 1
         self._expire()
         doomed = [k for k in self._entries if predicate(k)]
         for k in doomed:

@@ -20,7 +20,7 @@ import hashlib
 import struct
 from typing import Final
 
-from ..cache import CacheEntry, CacheKey
+from ..cache import CacheEntry, CacheKey, lifetimes
 
 __all__ = ["decode", "encode", "key_digest"]
 
@@ -66,10 +66,21 @@ def encode(digest: bytes, entry: CacheEntry, *, clock_now: float, wall_now: floa
 
 
 def decode(
-    value: object, digest: bytes, *, clock_now: float, wall_now: float, max_ttl_ms: int, max_entry_bytes: int
+    value: object,
+    digest: bytes,
+    *,
+    clock_now: float,
+    wall_now: float,
+    max_ttl_ms: int,
+    max_entry_bytes: int,
+    stale_if_error_ms: int = 0,
+    refresh_ahead: bool = False,
 ) -> CacheEntry | None:
     """The entry stored as ``value`` under the key of ``digest``, on the cache clock; ``None``
-    if it expired, or is not a value :func:`encode` wrote for that key within the bounds."""
+    if it expired, or is not a value :func:`encode` wrote for that key within the bounds. The
+    last two arguments are the upstream's, for the local tier (see
+    :func:`~gateway.cache.lifetimes`): a shared entry leaves Redis when it expires, and is kept
+    stale only in the local tiers that copied it."""
     if not isinstance(value, bytes) or len(value) < _HEADER_SIZE + len(_RESULT) + 1:
         return None
     fields = value[: _FIELDS.size]
@@ -86,4 +97,7 @@ def decode(
         return None  # not what encode() wrote for this key, or not cut at a ttlMs value
     view = memoryview(body)
     expires_at = clock_now + left_s
-    return CacheEntry(view[:at], view[at:], expires_at - ttl_ms / 1000, expires_at, ttl_ms, len(body))
+    keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
+    return CacheEntry(
+        view[:at], view[at:], expires_at - ttl_ms / 1000, expires_at, ttl_ms, len(body), keep_until, refresh_at
+    )

@@ -261,6 +261,8 @@ class Cluster:
             wall_now=self.wall_clock(),
             max_ttl_ms=self.max_ttl_ms,
             max_entry_bytes=self.max_entry_bytes,
+            stale_if_error_ms=self.config.stale_if_error_ms(key.upstream),
+            refresh_ahead=self.config.refresh_ahead(key.upstream),
         )
         self.metrics.cluster_reads.labels("corrupt" if entry is None else "hit").inc()
         if entry is None:

@@ -61,10 +61,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Set (to 1) by ``make demo``: the hints then say ``make demo PORT=...``, what the user typed.
+VIA_MAKE_ENV: Final = "MCP_GATEWAY_VIA_MAKE"
+
+
+def _port_option(port: int) -> str:
+    """How the user asks for gateway port ``port``: ``make demo PORT=N`` when the demo was started
+    by ``make demo``, else ``mcp-gateway demo --port N``."""
+    return f"make demo PORT={port}" if os.environ.get(VIA_MAKE_ENV) else f"mcp-gateway demo --port {port}"
+
+
 def _check_port_free(port: int) -> None:
     """Raise :class:`DemoError` if 127.0.0.1:``port`` cannot be bound (same options as aiohttp)."""
     if not 0 <= port <= 65535:
-        raise DemoError(f"--port {port} is not a TCP port (0-65535)")
+        given = f"PORT={port}" if os.environ.get(VIA_MAKE_ENV) else f"--port {port}"
+        raise DemoError(f"{given} is not a TCP port (0-65535)")
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         if os.name == "posix":
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,7 +89,7 @@ def _port_taken(port: int, exc: OSError) -> str:
     other = 18080 if port != 18080 else 18081
     return (
         f"cannot listen on {HOST}:{port} for the gateway ({exc.strerror or exc}); "
-        f"is something else using it? Pick another port: mcp-gateway demo --port {other}"
+        f"is something else using it? Pick another port: {_port_option(other)}"
     )
 
 

@@ -2,7 +2,8 @@
 
 The ``Cache-Status`` response header (RFC 9211) names this cache ``mcp-gateway`` and says what
 happened: ``hit; ttl=S`` (``collapsed`` when the request waited for another's miss,
-``detail=shared`` when the entry came from the cluster's shared tier), or
+``detail=shared`` when the entry came from the cluster's shared tier; ``ttl=-S`` for a stale
+answer, S seconds past expiry: stale-if-error), or
 ``fwd=miss|bypass``, the upstream's ``fwd-status``, ``stored; ttl=S`` and a ``detail``: why it
 bypassed the cache (``uncacheable``, ``legacy``, ``notification``, ``input-responses``,
 ``unknown-version``, ``disabled``), why the answer was not stored (``private``, ``error``,
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
-__all__ = ["CACHE_NAME", "LARGE_BODY_BYTES", "Exchange", "hit_status"]
+__all__ = ["CACHE_NAME", "LARGE_BODY_BYTES", "Exchange", "hit_status", "stale_status"]
 
 CACHE_NAME: Final = "mcp-gateway"
 #: A body over this many bytes may not fit what the connection buffers before writing waits
@@ -39,6 +40,13 @@ def hit_status(ttl_ms: int, collapsed: bool, shared: bool = False) -> str:
     return f"{status}; detail=shared" if shared else status
 
 
+def stale_status(past_s: int, collapsed: bool) -> str:
+    """The ``Cache-Status`` of a stale answer ``past_s`` whole seconds (at least 1) past its
+    expiry: a hit with a negative ``ttl`` (RFC 9211, section 2.5: the response is stale)."""
+    status = f"{CACHE_NAME}; hit; ttl=-{past_s}"
+    return f"{status}; collapsed" if collapsed else status
+
+
 class Exchange:
     """The state of one MCP request, handed from step to step of the proxy.
 
@@ -47,8 +55,8 @@ class Exchange:
     ``key`` (the cache key, ``None`` when the cache is bypassed).
 
     Set on the way out, for the response and the request record: ``method`` (the metric
-    label), ``cache`` (``hit``, ``miss``, ``bypass``), ``lookup`` (``hit``, ``shared``, ``miss``,
-    ``coalesced``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
+    label), ``cache`` (``hit``, ``miss``, ``bypass``, ``stale``), ``lookup`` (``hit``, ``shared``,
+    ``miss``, ``coalesced``, ``stale``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
     error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
     ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
     answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected``,

@@ -5,30 +5,53 @@ chunk by chunk as it arrives (MCP 2026-07-28, basic/transports/streamable-http, 
 Messages', item 6: the server may answer with one JSON object or an event stream; 'Receiving
 Messages': notifications, then the final response). Only an answer to be stored (the request
 has a cache key) is parsed whole; others are checked for their envelope.
+
+Refresh-ahead (:meth:`Forwarder.refresh`) sends a caller's request again in the background and
+stores the answer; nothing of it reaches a caller.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
+from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ..cache import STORED, CacheEntry, CacheStore, Clock, Coalescer, build_entry, store_outcome
+from ..cache import (
+    STORED,
+    Backoff,
+    CacheEntry,
+    CacheKey,
+    CacheStore,
+    Clock,
+    Coalescer,
+    Stale,
+    build_entry,
+    store_outcome,
+)
 from ..cluster import Cluster
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
-from ..errors import BadGateway, GatewayError, Overloaded
+from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
 from ..protocol import response_id_matches
 from ..sse import SSEParser
+from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange
 
 __all__ = ["Forwarder", "error_code"]
+
+log = logging.getLogger("mcp_gateway.proxy")
+
+#: Store outcomes that are the upstream's word that its newest answer may not be shared: the
+#: older entry is no longer served stale nor refreshed (``CacheStore.supersede``).
+_SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -85,6 +108,14 @@ class Forwarder:
         self.on_success: Callable[[str, str], None] | None = None
         self._streams: set[aiohttp.ClientResponse] = set()
         self._closing = False
+        #: Per upstream: (stale_if_error_ms, refresh_ahead), what its entries are built with.
+        self.entry_options = {
+            name: (config.stale_if_error_ms(name), config.refresh_ahead(name)) for name in config.upstreams
+        }
+        #: When each failing key may be fetched again (stale-if-error, refresh-ahead).
+        self.backoff = Backoff()
+        #: The refresh-ahead requests under way (one per key: each leads its key's coalescer).
+        self.refreshes = BackgroundTasks(log)
 
     async def forward(self, ex: Exchange, fwd: str) -> web.StreamResponse:
         """Send ``ex`` to ``ex.upstream`` (``fwd``: ``miss`` or ``bypass``) and relay the answer;
@@ -154,10 +185,122 @@ class Forwarder:
         """End every SSE answer being relayed (the app's ``on_shutdown``): each caller still
         waiting for its response gets a JSON-RPC error event (-32603) and a clean end of stream
         instead of waiting out the shutdown timeout (a legacy ``GET`` stream just ends); a listen
-        stream's client then re-subscribes elsewhere."""
+        stream's client then re-subscribes elsewhere. Background refreshes are cancelled."""
         self._closing = True
         for resp in list(self._streams):
             resp.close()
+        await self.refreshes.close()
+
+    # -- refresh-ahead -----------------------------------------------------------------------
+
+    def refresh(self, ex: Exchange, key: CacheKey) -> None:
+        """Start a background refresh of ``key`` for the hit ``ex`` (its entry is in the last part
+        of its lifetime), unless one is under way (it leads the key's coalescer: a miss arriving
+        meanwhile waits for it), the key is backing off after a failure, or the upstream is at
+        ``max_inflight``. The caller's request is sent again as it came (its body and the headers
+        it would have forwarded)."""
+        upstream, parsed, body = ex.upstream, ex.parsed, ex.body
+        if key in self.coalescer or upstream is None or parsed is None or body is None:
+            return  # under way already (every hit until it ends comes here)
+        if upstream.inflight >= upstream.config.max_inflight or self.backoff.waiting(key, self.clock()):
+            return
+        try:
+            headers = upstream.request_headers(ex.request.headers, allow_authorization=self.allow_authorization)
+        except GatewayError:
+            return
+        if self.coalescer.claim(key) is not None:  # cannot be: checked above, and nothing awaited since
+            return
+        self.refreshes.spawn(self._refresh(upstream, key, body, headers, parsed.request_id, ex.method), name="refresh")
+
+    async def _refresh(
+        self,
+        upstream: Upstream,
+        key: CacheKey,
+        body: bytes,
+        headers: CIMultiDict[str],
+        request_id: object,
+        method: str,
+    ) -> None:
+        released: CacheEntry | Stale | None = None
+        outcome = "failed"
+        purges = self.store.purges
+        upstream.inflight += 1
+        try:
+            try:
+                status, message, size = await self._fetch(upstream, body, headers, request_id)
+            except GatewayError as err:
+                log.info("refresh-ahead of a %s entry of %s failed: %s", method, upstream.name, err.message)
+                self.backoff.failed(key, self.clock())
+                stale = self.store.stale(key)  # it may have expired meanwhile
+                released = None if stale is None else Stale(stale)
+                return
+            result = store_outcome(status, message, size, self.max_entry_bytes)
+            entry: CacheEntry | None = None
+            if result == STORED and self.store.purges != purges:
+                result = "refused"  # purged meanwhile: this answer may be what the purge was for
+            elif result == STORED:
+                assert isinstance(message, dict)
+                entry = self._build(upstream.name, message)
+                if entry is None or not self.store.put(key, entry):
+                    result, entry = "refused", None
+            self.metrics.cache_stores.labels(upstream.name, method, result).inc()
+            self.update_size_gauges()
+            if entry is None:
+                outcome = "unstored"
+                self.backoff.failed(key, self.clock())  # not asked again for a while
+                if result in _SUPERSEDING:
+                    self.store.supersede(key)
+                return
+            outcome, released = "stored", entry
+            self.backoff.succeeded(key)
+            if self.cluster is not None:
+                self.cluster.share(key, entry)
+        finally:
+            upstream.inflight -= 1
+            self.coalescer.release(key, released)
+            self.metrics.cache_refreshes.labels(upstream.name, method, outcome).inc()
+
+    async def _fetch(
+        self, upstream: Upstream, body: bytes, headers: CIMultiDict[str], request_id: object
+    ) -> tuple[int, Any, int]:
+        """Send a refresh and read its JSON-RPC answer to ``request_id`` whole, JSON or SSE, within
+        the upstream's ``timeout_s``: ``(HTTP status, the answer, its size in bytes)``.
+
+        Raises:
+            BadGateway, GatewayTimeout: the upstream failed, or gave no JSON-RPC answer to it.
+        """
+        timeout_s = upstream.config.timeout_s
+        async with upstream.open("POST", body, headers) as resp:
+            if resp.content_type == "text/event-stream":
+                parser = SSEParser(upstream.config.max_response_bytes)
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        async for chunk in upstream.iter_stream(resp):
+                            message, size = _final_response(parser.feed(chunk), request_id)
+                            if message is not None:
+                                return resp.status, message, size
+                            if parser.overflowed:
+                                break
+                except TimeoutError:
+                    raise GatewayTimeout(f"upstream {upstream.name} did not answer within {timeout_s:g} s") from None
+                message, size = _final_response(parser.finish(), request_id)
+                if message is not None:
+                    return resp.status, message, size
+                raise BadGateway(f"upstream {upstream.name} ended the stream before answering")
+            data = await upstream.read_body(resp, asyncio.get_running_loop().time() + timeout_s)
+        try:
+            message = loads(data)
+        except ValueError:
+            message = None
+        if not response_id_matches(message, request_id):
+            raise BadGateway(f"upstream {upstream.name} answered HTTP {resp.status} without a JSON-RPC response")
+        return resp.status, message, len(data)
+
+    def _build(self, upstream: str, message: dict[str, Any]) -> CacheEntry | None:
+        stale_if_error_ms, refresh_ahead = self.entry_options[upstream]
+        return build_entry(
+            message, self.clock(), self.max_ttl_ms, stale_if_error_ms=stale_if_error_ms, refresh_ahead=refresh_ahead
+        )
 
     # -- relaying --------------------------------------------------------------------------
 
@@ -297,14 +440,17 @@ class Forwarder:
         entry: CacheEntry | None = None
         if result == STORED:
             assert isinstance(message, dict)
-            entry = build_entry(message, self.clock(), self.max_ttl_ms)
+            entry = self._build(upstream.name, message)
             if entry is None or not self.store.put(ex.key, entry):
                 result, entry = "refused", None
+        elif result in _SUPERSEDING:
+            self.store.supersede(ex.key)  # an entry kept stale must not outlive this answer
         self.metrics.cache_stores.labels(upstream.name, ex.method, result).inc()
         self.update_size_gauges()
         if entry is not None:
             ex.entry = entry
             ex.stored_ttl_ms = entry.ttl_ms
+            self.backoff.succeeded(ex.key)
         else:
             ex.detail = result.replace("_", "-")
         if ex.leads:
@@ -322,4 +468,3 @@ class Forwarder:
         """``mcp_gateway_cache_entries`` and ``mcp_gateway_cache_bytes`` from the store."""
         self.metrics.cache_entries.set(len(self.store))
         self.metrics.cache_bytes.set(self.store.total_bytes)
-

@@ -1,7 +1,8 @@
 """The aiohttp handlers of ``/servers/{name}/mcp``: validate, look up, forward, store, respond.
 
-Order on every POST: the ``Origin`` check (MCP 2026-07-28, basic/transports/streamable-http,
-'Security & Endpoint': DNS rebinding), the body read, then parsed and checked against its headers
+Order on every POST: the ``Host`` and ``Origin`` checks (MCP 2026-07-28,
+basic/transports/streamable-http, 'Security & Endpoint': DNS rebinding; the rules are in
+``gateway.proxy.origin``), the body read, then parsed and checked against its headers
 ('Server Validation'); whatever that finds, the caller's token and the upstream name are checked
 before any parse or header error is answered, and before the cache, even for ``public`` entries:
 a cached answer is never a way around authentication (basic/authorization, 'Token Handling';
@@ -22,13 +23,16 @@ from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
 from ..auth import bearer_matches
-from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, make_key
+from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, Stale, make_key
 from ..cluster import Cluster
 from ..codec import id_json
 from ..config import GatewayConfig
 from ..errors import (
+    BadGateway,
     Forbidden,
     GatewayError,
+    GatewayTimeout,
+    Misdirected,
     NotFound,
     ParseError,
     PayloadTooLarge,
@@ -39,12 +43,20 @@ from ..errors import (
 from ..protocol import ParsedRequest, method_label, parse_request
 from ..telemetry import ACCESS_LOGGER, GatewayMetrics, RequestJournal, RequestRecord
 from ..upstream import Upstream
-from .exchange import LARGE_BODY_BYTES, Exchange, hit_status
+from .exchange import LARGE_BODY_BYTES, Exchange, hit_status, stale_status
 from .forward import Forwarder
+from .origin import OriginPolicy
 
 __all__ = ["Proxy"]
 
 access_log = logging.getLogger(ACCESS_LOGGER)
+
+
+def sockname(request: web.Request) -> object:
+    """The local address of the socket ``request`` arrived on (``(address, port, ...)``), or
+    ``None`` once the connection is gone."""
+    transport = request.transport
+    return None if transport is None else transport.get_extra_info("sockname")
 
 
 class Proxy:
@@ -71,7 +83,16 @@ class Proxy:
         self.forwarder = Forwarder(config, store, metrics, clock, self.coalescer, cluster)
         self.journal = RequestJournal(metrics.request_metrics, access_log)
         self.tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
-        self.origins = frozenset(config.listener.allowed_origins)
+        public_base_url = config.registry.public_base_url
+        self.origin_policy = OriginPolicy(
+            config.listener.host,
+            config.listener.allowed_origins,
+            None if public_base_url is None else str(public_base_url),
+        )
+        #: The lookups that settle the common cases (see OriginPolicy), bound for the hot path.
+        self.origins = self.origin_policy.origins
+        self.hosts = self.origin_policy.hosts
+        self.check_hosts = self.origin_policy.check_host
         self.max_body = config.listener.max_body_bytes
         self.body_timeout_s = config.listener.body_timeout_s
         self.caching = config.cache.max_entries > 0
@@ -98,6 +119,7 @@ class Proxy:
         ex = Exchange(request, request.match_info["name"] if upstream_name is None else upstream_name)
         response: web.StreamResponse | None = None
         try:
+            self.check_host(request)
             self.check_origin(request)
             ex.body = await self.read_body(request)
             response = await self.answer(ex, self.parse(ex, ex.body))
@@ -116,6 +138,7 @@ class Proxy:
         ex = Exchange(request, request.match_info["name"] if upstream_name is None else upstream_name, request.method)
         response: web.StreamResponse | None = None
         try:
+            self.check_host(request)
             self.check_origin(request)
             self.check_auth(request, None)
             ex.upstream = self.find_upstream(ex.upstream_name, None)
@@ -129,10 +152,23 @@ class Proxy:
 
     # -- the steps of a POST ------------------------------------------------------------------
 
+    def check_host(self, request: web.Request) -> None:
+        """Raises :class:`Misdirected` (HTTP 421) for a ``Host`` that is present and not a
+        loopback name on a loopback bind (see :mod:`gateway.proxy.origin`)."""
+        if self.check_hosts:
+            host = request.headers.get(hdrs.HOST)
+            if host is None or host in self.hosts:
+                return
+            if not self.origin_policy.host_allowed(host, sockname(request)):
+                raise Misdirected(f"host {host!r} is not a loopback name, and this listener is bound to loopback")
+
     def check_origin(self, request: web.Request) -> None:
-        """Raises :class:`Forbidden` for an ``Origin`` that is present and not allowed."""
+        """Raises :class:`Forbidden` (HTTP 403) for an ``Origin`` that is present and neither
+        allowed nor one of the listener's own (see :mod:`gateway.proxy.origin`)."""
         origin = request.headers.get(hdrs.ORIGIN)
-        if origin is not None and origin not in self.origins:
+        if origin is None or origin in self.origins:
+            return
+        if not self.origin_policy.origin_allowed(origin, sockname(request)):
             raise Forbidden(f"origin {origin!r} is not allowed")
 
     async def read_body(self, request: web.Request) -> bytes:
@@ -222,10 +258,13 @@ class Proxy:
 
     async def miss(self, ex: Exchange, key: CacheKey) -> web.StreamResponse:
         """Not in the cache: wait for the same request already on its way upstream, or (with
-        ``[cluster]``, see :meth:`shared`) take it from the shared tier, or send it."""
+        ``[cluster]``, see :meth:`shared`) take it from the shared tier, or send it (for an
+        upstream with ``stale_if_error_ms``: :meth:`send_or_stale`)."""
         waiter = self.coalescer.claim(key)
         if waiter is not None:
             entry = await asyncio.shield(waiter)
+            if isinstance(entry, Stale):  # the leader's fetch failed: its stale answer is ours too
+                return self.stale(ex, entry.entry, collapsed=True)
             if entry is not None:
                 return self.hit(ex, entry, collapsed=True)
             # Not storable (private, an error, ...): this caller's answer is its own.
@@ -236,12 +275,46 @@ class Proxy:
             if self.cluster is not None and (response := await self.shared(ex, key)) is not None:
                 return response
             ex.cache = ex.lookup = "miss"
+            if self.forwarder.entry_options[key.upstream][0]:
+                return await self.send_or_stale(ex, key)
             return await self.forwarder.forward(ex, "miss")
         finally:
             if ex.leads:  # the forwarder did not release them (an error, a cut stream)
                 self.coalescer.release(key, None)
             if ex.flight is not None and self.cluster is not None:
                 self.cluster.finish(ex.flight, key, None)  # a no-op once the forwarder finished it
+
+    async def send_or_stale(self, ex: Exchange, key: CacheKey) -> web.StreamResponse:
+        """Send a miss (this request leads ``key``) of an upstream with ``stale_if_error_ms``,
+        and if fetching fails (:class:`BadGateway`, :class:`GatewayTimeout`: refused, reset,
+        timed out, or no JSON-RPC answer to the request), answer from the key's expired entry
+        if it is still kept (:meth:`stale`); never in place of a JSON-RPC answer, whatever its
+        HTTP status. After a failure the key backs off (:class:`~gateway.cache.Backoff`): until
+        then its stale entry answers without the upstream being asked."""
+        backoff = self.forwarder.backoff
+        if backoff.waiting(key, self.clock()) and (entry := self.store.stale(key)) is not None:
+            return self.stale(ex, entry, collapsed=False)
+        try:
+            return await self.forwarder.forward(ex, "miss")
+        except (BadGateway, GatewayTimeout):
+            backoff.failed(key, self.clock())
+            entry = self.store.stale(key)  # looked up now: a purge meanwhile removed it
+            if entry is None:
+                raise
+            return self.stale(ex, entry, collapsed=False)
+
+    def stale(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.Response:
+        """Answer from the expired ``entry`` (stale-if-error): the caller's id, ``ttlMs`` 0 and
+        ``Cache-Status: mcp-gateway; hit; ttl=-S``, S the whole seconds past expiry. A request
+        that leads its key hands the entry to its followers (:class:`~gateway.cache.Stale`)."""
+        if ex.leads and ex.key is not None:
+            self.coalescer.release(ex.key, Stale(entry))
+            ex.leads = False
+        ex.cache = ex.lookup = "stale"
+        body, past_s = entry.stale(id_json(ex.request_id), self.clock())
+        ex.hit = stale_status(past_s, collapsed)
+        ex.large = len(body) > LARGE_BODY_BYTES
+        return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
 
     async def shared(self, ex: Exchange, key: CacheKey) -> web.Response | None:
         """The shared tier after a local miss (this request leads the key in this process): a
@@ -259,10 +332,15 @@ class Proxy:
         return self.hit(ex, found.entry, collapsed=found.collapsed, shared=True)
 
     def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.Response:
-        """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left."""
+        """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left. A hit in
+        the last part of the entry's lifetime (refresh-ahead: ``entry.refresh_at``) starts its
+        background refresh (:meth:`Forwarder.refresh`)."""
         ex.cache = "hit"
         ex.lookup = "coalesced" if collapsed else "shared" if shared else "hit"
-        body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
+        now = self.clock()
+        body, ttl_ms = entry.hit(id_json(ex.request_id), now)
+        if now >= entry.refresh_at and ex.key is not None:
+            self.forwarder.refresh(ex, ex.key)
         ex.hit = hit_status(ttl_ms, collapsed, shared)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})

@@ -9,10 +9,10 @@ gateway built on each and compares the responses byte for byte. ``create_app(...
 
 What each buys, on a cached ``tools/list``:
 
-* ``handle_post``: the steps of a hit in one coroutine (``Proxy.check_origin``, ``read_body``,
-  ``answer``, ``cache_key``), the body taken from aiohttp's buffer when it is complete (a small
-  POST has arrived whole before the handler runs), instead of a chain of calls and awaits and
-  ``Request.read()``'s chunk loop and copy.
+* ``handle_post``: the steps of a hit in one coroutine (``Proxy.check_host``, ``check_origin``,
+  ``read_body``, ``answer``, ``cache_key``), the body taken from aiohttp's buffer when it is
+  complete (a small POST has arrived whole before the handler runs), instead of a chain of
+  calls and awaits and ``Request.read()``'s chunk loop and copy.
 * ``hit``: a ``200 OK`` of ready bytes built without ``web.Response``'s argument handling and
   header conversion (:class:`LeanResponse`).
 """
@@ -27,7 +27,7 @@ from multidict import CIMultiDict, istr
 
 from ..cache import CacheEntry, make_key
 from ..codec import id_json
-from ..errors import Forbidden, PayloadTooLarge
+from ..errors import PayloadTooLarge
 from .exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from .handler import Proxy
 
@@ -87,9 +87,13 @@ class HotProxy(Proxy):
         response: web.StreamResponse | None = None
         try:
             headers = request.headers
-            origin = headers.get(hdrs.ORIGIN)  # Proxy.check_origin
+            if self.check_hosts:  # Proxy.check_host: the common Host, else the plain method
+                host = headers.get(hdrs.HOST)
+                if host is not None and host not in self.hosts:
+                    self.check_host(request)
+            origin = headers.get(hdrs.ORIGIN)  # Proxy.check_origin: no Origin, else the plain method
             if origin is not None and origin not in self.origins:
-                raise Forbidden(f"origin {origin!r} is not allowed")
+                self.check_origin(request)
             content = request.content
             if content.is_eof() and content.exception() is None:  # Proxy.read_body, whole body in
                 body = content.read_nowait()
@@ -132,7 +136,10 @@ class HotProxy(Proxy):
             return super().hit(ex, entry, collapsed=collapsed, shared=shared)
         ex.cache = "hit"
         ex.lookup = "coalesced" if collapsed else "shared" if shared else "hit"
-        body, ttl_ms = entry.hit(id_json(ex.request_id), self.clock())
+        now = self.clock()
+        body, ttl_ms = entry.hit(id_json(ex.request_id), now)
+        if now >= entry.refresh_at and ex.key is not None:  # Proxy.hit: refresh-ahead, one comparison
+            self.forwarder.refresh(ex, ex.key)
         ex.hit = hit_status(ttl_ms, collapsed, shared)
         ex.large = len(body) > LARGE_BODY_BYTES
         headers = _JSON_HEADERS.copy()

@@ -76,7 +76,8 @@ _DURATIONS = (
 )
 _LOOKUPS = (
     "cache_lookups",
-    "Cache lookups by result: hit, shared (from the cluster's Redis), miss, coalesced, bypass.",
+    "Cache lookups by result: hit, shared (from the cluster's Redis), miss, coalesced, stale (an expired "
+    "entry answered because the upstream failed), bypass.",
     ("upstream", "method", "result"),
 )
 _UPSTREAM_DURATIONS = (
@@ -392,6 +393,14 @@ class GatewayMetrics:
         self.cache_stores = Counter(
             "cache_stores",
             "Upstream answers to cacheable requests: stored, or why not.",
+            ["upstream", "method", "outcome"],
+            namespace=ns,
+            registry=own,
+        )
+        self.cache_refreshes = Counter(
+            "cache_refreshes",
+            "Background refreshes of entries in demand shortly before they expire (refresh-ahead), by "
+            "outcome: stored, unstored (answered, not storable: the entry stays until it expires), failed.",
             ["upstream", "method", "outcome"],
             namespace=ns,
             registry=own,

@@ -24,13 +24,14 @@ class RequestRecord(NamedTuple):
     status: int
     #: JSON-RPC error code answered, or ``None``.
     jsonrpc_error: int | None
-    #: ``cache`` label of the duration histogram: ``hit``, ``miss`` or ``bypass``.
+    #: ``cache`` label of the duration histogram: ``hit``, ``miss``, ``bypass`` or ``stale``.
     cache: str
     #: The ``Cache-Status`` value answered (RFC 9211), or ``None``.
     cache_status: str | None
     #: Time to answer, in seconds.
     seconds: float
-    #: Cache lookup result (``hit``, ``shared``, ``miss``, ``coalesced``, ``bypass``), ``None`` if not asked.
+    #: Cache lookup result (``hit``, ``shared``, ``miss``, ``coalesced``, ``stale``, ``bypass``), ``None``
+    #: if not asked.
     lookup: str | None
     #: ``time.perf_counter()`` when the request ended, in seconds.
     ended: float

