@@ -19,7 +19,7 @@ from .cache import Clock, Invalidation, MemoryStore
 from .cluster import Cluster
 from .cluster.workers import WorkerBus
 from .config import GatewayConfig
-from .errors import Unauthorized, error_response
+from .errors import GatewayError, Unauthorized, error_response
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
 from .registry import Registry, RegistryViews
@@ -168,16 +168,19 @@ def create_app(
     for method in ("GET", "DELETE"):
         app.router.add_route(method, "/servers/{name}/mcp", proxy.handle_stream)
     app.router.add_post("/servers/{name}/mcp", proxy.handle_post)
-    app.router.add_get("/metrics", _metrics_view(config, make_aiohttp_handler(metrics.registry)))
+    # The routes that tell about the fleet get the MCP routes' DNS-rebinding checks too (a page
+    # re-resolved to a loopback listener must not read the registry); health ones need none.
+    guarded = functools.partial(_rebinding_checked, proxy)
+    app.router.add_get("/metrics", guarded(_metrics_view(config, make_aiohttp_handler(metrics.registry))))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     views = RegistryViews(config, registry.state)
-    app.router.add_get("/v0.1/servers", views.servers)
-    app.router.add_get("/v0.1/servers/{name:.+}/versions", views.server_versions)
-    app.router.add_get("/v0.1/servers/{name:.+}/versions/{version}", views.server_version)
-    app.router.add_get("/registry/versions", views.versions)
+    app.router.add_get("/v0.1/servers", guarded(views.servers))
+    app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(views.server_versions))
+    app.router.add_get("/v0.1/servers/{name:.+}/versions/{version}", guarded(views.server_version))
+    app.router.add_get("/registry/versions", guarded(views.versions))
     if config.admin is not None:
-        app.router.add_post("/admin/cache/purge", _purge)
+        app.router.add_post("/admin/cache/purge", guarded(_purge))
     return app
 
 
@@ -185,6 +188,21 @@ def _purged(store: MemoryStore, proxy: Proxy, invalidation: Invalidation, reason
     """Another worker's invalidation, applied here."""
     if store.purge(invalidation, reason):
         proxy.update_size_gauges()
+
+
+def _rebinding_checked(proxy: Proxy, handler: Handler) -> Handler:
+    """``handler`` behind the MCP routes' ``Host`` and ``Origin`` checks (421 and 403, as JSON-RPC
+    errors: :meth:`~gateway.proxy.Proxy.check_host`, :meth:`~gateway.proxy.Proxy.check_origin`)."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        try:
+            proxy.check_host(request)
+            proxy.check_origin(request)
+        except GatewayError as err:
+            return error_response(err)
+        return await handler(request)
+
+    return checked
 
 
 def _metrics_view(config: GatewayConfig, exposition: Handler) -> Handler:

@@ -328,6 +328,10 @@ def serve(
 
     bind_host = host or config.listener.host
     bind_port = config.listener.port if port is None else port
+    if (bind_host, bind_port) != (config.listener.host, config.listener.port):
+        # The app sees where it listens (the Host check of a loopback bind depends on it).
+        listener = config.listener.model_copy(update={"host": bind_host, "port": bind_port})
+        config = config.model_copy(update={"listener": listener})
     log = logging.getLogger("mcp_gateway")
     if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise StartupError(

@@ -224,3 +224,17 @@ def test_a_gateway_restarted_at_once_on_its_port_binds_it_despite_the_connection
             assert first.wait(STOP_TIMEOUT_S) == 0
     with running(config, port, "--workers", "2"):
         assert healthy(port)
+
+
+def test_the_host_check_follows_the_address_serve_binds_not_the_one_in_the_file(tmp_path: Path) -> None:
+    """listener.host 0.0.0.0 in the file, --host 127.0.0.1 on the command line: a loopback bind,
+    so a foreign Host is refused (421), as if the file said 127.0.0.1."""
+    port = free_port()
+    config = write_config(tmp_path, port).read_text().replace("[listener]\n", '[listener]\nhost = "0.0.0.0"\n')
+    path = tmp_path / "wide.toml"
+    path.write_text(config)
+    with running(path, port, "--host", HOST):
+        request = urllib.request.Request(f"http://{HOST}:{port}/registry/versions", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _DIRECT.open(request, timeout=5)
+        assert refused.value.code == 421

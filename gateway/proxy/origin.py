@@ -66,6 +66,19 @@ def is_loopback_host(host: str) -> bool:
     return bool(colon) and name in LOOPBACK_NAMES and _is_port(port)
 
 
+def _names_address(host: str, sockname: object) -> bool:
+    """Whether ``host`` (bare or with a port) is the local address the request arrived on, as
+    written in a URL (``127.0.0.2``, ``[::1]``): a listener always answers to its own address."""
+    if not isinstance(sockname, tuple) or not sockname:
+        return False
+    address = str(sockname[0])
+    own = f"[{address}]" if ":" in address else address
+    name, colon, port = host.rpartition(":")
+    if colon and not name.endswith(":") and "]" not in port and _is_port(port):
+        host = name
+    return host.lower() == own.lower()
+
+
 def _is_port(text: str) -> bool:
     return 0 < len(text) <= 5 and text.isascii() and text.isdigit() and int(text) <= 65535
 
@@ -136,7 +149,7 @@ class OriginPolicy:
         (only asked when :attr:`check_host`)."""
         if host in self.hosts:
             return True
-        if is_loopback_host(host):
+        if is_loopback_host(host) or _names_address(host, sockname):
             if len(self.hosts) < MAX_REMEMBERED_HOSTS:
                 self.hosts.add(host)
             return True

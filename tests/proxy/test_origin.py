@@ -241,3 +241,31 @@ async def test_the_legacy_stream_routes_are_guarded_alike(make_gateway: MakeGate
         resp = await gw.client.request(method, "/servers/up/mcp", headers={"Origin": "http://evil.example"})
         assert await rejected(resp) == (403, -32600, False)
     assert gw.upstream.requests == []
+
+
+async def test_the_routes_that_tell_about_the_fleet_are_guarded_alike(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway()
+    for path in ("/v0.1/servers", "/registry/versions", "/metrics", "/v0.1/servers/x/versions"):
+        resp = await gw.client.get(path, headers={"Host": f"evil.example:{gw.port}"})
+        body = await resp.json()
+        assert (resp.status, body["error"]["code"]) == (421, -32600), path
+        resp = await gw.client.get(path, headers={"Origin": "http://evil.example"})
+        assert resp.status == 403, path
+        resp = await gw.client.get(path, headers={"Origin": f"http://localhost:{gw.port}"})
+        assert resp.status in (200, 404), path  # its own origin passes (404: no server x)
+    assert (await gw.client.get("/healthz", headers={"Host": "evil.example"})).status == 200
+
+
+async def test_a_listener_on_another_loopback_address_answers_to_that_address(
+    aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream
+) -> None:
+    upstream = await start_upstream()
+    config = {
+        "listener": {"host": "127.0.0.2"},
+        "upstreams": {"up": {"url": upstream.url}},
+        "registry": {"enabled": False},
+    }
+    app = create_app(parse_config(config, env={}))
+    gw = Gateway(await aiohttp_client(await aiohttp_server(app, host="127.0.0.2", port=0)), upstream)
+    assert (await gw.post(Host=f"127.0.0.2:{gw.port}", Origin=f"http://127.0.0.2:{gw.port}")).status == 200
+    assert (await gw.post(Host="127.0.0.3")).status == 421
