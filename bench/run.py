@@ -22,8 +22,9 @@ For each worker count N it measures, side by side:
   cluster     with one worker, a gateway with ``[cluster]`` (on a ``redis-server`` this script
               starts) is one more target of the cached rotation: hits from its local tier;
 and once: with replicas on that Redis (bench/cluster.py), a hit from Redis against a local hit,
-a cold burst over 2 replicas, purge to consistency over 3; with one worker, resident memory per
-stored ~4 KB entry over 10,000 entries.
+a cold burst over 2 replicas, purge to consistency over 3; a hot key across many expiries with
+and without refresh-ahead (bench/stale.py: p99/max latency, upstream requests per lifetime);
+with one worker, resident memory per stored ~4 KB entry over 10,000 entries.
 
 Prints markdown tables and writes JSON to bench-results/latest.json. Child processes are
 stopped on exit, error and Ctrl-C.
@@ -51,6 +52,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (also when imported from elsewhere)
 
 import cluster
+import stale
 from harness import (
     BENCH,
     HOST,
@@ -88,6 +90,10 @@ TARGETS = {
     "cluster_shared_added_p50_ms_max": 0.5,
     "cluster_burst_upstream_requests": 1,
     "cluster_purge_p99_ms_max": 100,
+    # The refresh part (bench/stale.py, issue 15): with refresh-ahead, a hot key never misses,
+    # its p99 stays under one upstream round trip, and a 1 s lifetime is refreshed at half-life.
+    "refresh_misses": 0,
+    "refresh_upstream_per_ttl_max": 2.2,
 }
 
 
@@ -576,6 +582,7 @@ def tables(result: dict[str, Any]) -> str:
             ],
         )
     lines += section(*cluster.table(result, TARGETS))
+    lines += section(*stale.table(result, TARGETS))
     mach = result["machine"]
     lines.append("")
     lines.append(
@@ -613,6 +620,9 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
     cluster_verdicts = cluster.verdicts(result, TARGETS)
     if cluster_verdicts:
         out["cluster"] = cluster_verdicts
+    refresh_verdicts = stale.verdicts(result, TARGETS)
+    if refresh_verdicts:
+        out["refresh"] = refresh_verdicts
     m = result.get("memory")
     if m:
         out["memory_ok"] = m["ratio"] is not None and m["ratio"] <= TARGETS["memory_ratio_max"]
@@ -643,10 +653,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the memory figure")
     p.add_argument(
         "--only",
-        default="burst,cached,forwarding,cluster",
+        default="burst,cached,forwarding,cluster,refresh",
         help="comma-separated parts: burst, cached, forwarding (per worker count), cluster (a redis-server, a"
         " gateway with [cluster] in the 1-worker cached rotation, then shared hits, a burst over 2 replicas and"
-        " purges over 3, once) (default all)",
+        " purges over 3, once), refresh (a hot key across many expiries, with and without refresh-ahead, once)"
+        " (default all)",
     )
     p.add_argument("--log-level", default="info", help="gateway --log-level (default info: access log on)")
     p.add_argument(
@@ -731,6 +742,8 @@ def main(argv: list[str] | None = None) -> int:
         if redis_port is not None:
             result["cluster"] = cluster.run(fleet, workdir, up_port, redis_port, opts)
             fleet.stop(redis)
+        if "refresh" in opts.parts:
+            result["refresh"] = stale.run(fleet, workdir, opts)
         if not opts.no_memory:
             log(f"memory: storing {opts.memory_entries} entries of ~4 KB")
             result["memory"] = memory(fleet, workdir, opts.memory_entries, opts)

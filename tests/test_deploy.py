@@ -56,6 +56,7 @@ REQUIRED_ALERTS = {
     "MCPGatewayHighP99Latency",
     "MCPGatewaySharedTierDown",
     "MCPGatewaySharedTierErrors",
+    "MCPGatewayServingStale",
 }
 
 
@@ -257,6 +258,9 @@ def test_dashboard_content():
     assert "min by (instance) (mcp_gateway_cluster_up" in exprs
     assert "sum by (result) (rate(mcp_gateway_cluster_reads_total" in exprs
     assert "sum by (operation) (rate(mcp_gateway_cluster_errors_total" in exprs
+    # serving through upstream failures: stale answers and refresh-ahead
+    assert 'result="stale"' in exprs
+    assert "sum by (upstream, outcome) (rate(mcp_gateway_cache_refreshes_total" in exprs
 
 
 # ---------------------------------------------- manifests and tools

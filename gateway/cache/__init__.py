@@ -20,7 +20,7 @@ from .policy import (
     store_outcome,
     uri_of,
 )
-from .stale import Backoff, Stale
+from .stale import Backoff, Failed, Stale
 from .store import CacheStore, Clock, EvictionListener, MemoryStore
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "Clock",
     "Coalescer",
     "EvictionListener",
+    "Failed",
     "Invalidation",
     "MemoryStore",
     "Stale",

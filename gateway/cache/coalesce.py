@@ -6,7 +6,7 @@ import asyncio
 
 from .keys import CacheKey
 from .policy import CacheEntry
-from .stale import Stale
+from .stale import Failed, Stale
 
 __all__ = ["Coalescer"]
 
@@ -17,15 +17,16 @@ class Coalescer:
     The first caller of :meth:`claim` for a key is the leader and must call
     :meth:`release` with the stored entry or ``None``; later callers get a future that
     resolves to that value. ``None`` tells followers to go upstream on their own (the
-    answer was private, an error, or the leader gave up); a :class:`~gateway.cache.stale.Stale`
+    answer was private, an error, or the leader gave up); a :class:`~gateway.cache.stale.Failed`
+    that the leader could not fetch it (they answer its failure); a :class:`~gateway.cache.stale.Stale`
     entry, to answer from it stale (the leader's fetch failed: stale-if-error). A background
     refresh (refresh-ahead) leads its key the same way.
     """
 
     def __init__(self) -> None:
-        self._inflight: dict[CacheKey, asyncio.Future[CacheEntry | Stale | None]] = {}
+        self._inflight: dict[CacheKey, asyncio.Future[CacheEntry | Stale | Failed | None]] = {}
 
-    def claim(self, key: CacheKey) -> asyncio.Future[CacheEntry | Stale | None] | None:
+    def claim(self, key: CacheKey) -> asyncio.Future[CacheEntry | Stale | Failed | None] | None:
         """``None`` if the caller now leads ``key``; else the leader's future to await."""
         fut = self._inflight.get(key)
         if fut is not None:
@@ -33,7 +34,7 @@ class Coalescer:
         self._inflight[key] = asyncio.get_running_loop().create_future()
         return None
 
-    def release(self, key: CacheKey, entry: CacheEntry | Stale | None) -> None:
+    def release(self, key: CacheKey, entry: CacheEntry | Stale | Failed | None) -> None:
         """Publish the leader's outcome for ``key`` to its followers."""
         fut = self._inflight.pop(key, None)
         if fut is not None and not fut.done():

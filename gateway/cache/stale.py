@@ -9,12 +9,15 @@ upstream gave, never a private answer) are the gateway's (README, "The cache").
 
 from __future__ import annotations
 
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from .keys import CacheKey
 from .policy import CacheEntry
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_MAX_S", "Backoff", "Stale"]
+if TYPE_CHECKING:  # the type only: gateway.errors is aiohttp's side, and this package has none
+    from ..errors import GatewayError
+
+__all__ = ["BACKOFF_BASE_S", "BACKOFF_MAX_S", "Backoff", "Failed", "Stale"]
 
 #: After a failed attempt on a key that has a stale entry, that entry answers without the
 #: upstream being asked for this long, in seconds ...
@@ -30,6 +33,15 @@ class Stale(NamedTuple):
     answer from (stale-if-error), instead of each going upstream."""
 
     entry: CacheEntry
+
+
+class Failed(NamedTuple):
+    """What a coalescing leader whose fetch failed, with no stale entry to answer from, hands its
+    followers: the failure (a ``GatewayError``: the upstream unreachable, timed out, or not
+    answering a JSON-RPC response), which they answer with their own id instead of each trying the
+    same failing upstream at once."""
+
+    error: GatewayError
 
 
 class Backoff:

@@ -44,6 +44,10 @@ class CacheStore(Protocol):
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
         """Store ``entry``; ``False`` if it was refused (caching disabled, too big, expired)."""
 
+    def put_stale(self, key: CacheKey, entry: CacheEntry) -> bool:
+        """Store an expired ``entry`` still in its stale window (read from the shared tier), for
+        :meth:`stale` only, unless the key has an entry here; ``False`` if it was refused."""
+
     def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
         """Remove every entry whose key matches; returns how many."""
 
@@ -110,6 +114,7 @@ class MemoryStore:
         self._max_bytes = max_bytes
         self._on_evict = on_evict
         self._entries = _Entries(max_bytes, clock, keep_stale)
+        self._keep_stale = keep_stale
         self._purges = 0
         if keep_stale:
             # Decided once: without stale entries, a hit costs no freshness check of its own
@@ -176,6 +181,19 @@ class MemoryStore:
         while len(entries) >= self._max_entries:
             entries.popitem()
         entries[key] = entry  # evicts least recently used entries until the bytes fit
+        self._evicted("size", entries.evicted)
+        return True
+
+    def put_stale(self, key: CacheKey, entry: CacheEntry) -> bool:
+        entries = self._entries
+        if not self._keep_stale or entry.keep_until <= entries.timer() or key in entries:
+            return False  # the local tier keeps no stale entries, or holds one of its own
+        if self._max_entries == 0 or entry.size > self._max_bytes:
+            return False
+        entries.evicted = 0
+        while len(entries) >= self._max_entries:
+            entries.popitem()
+        entries[key] = entry
         self._evicted("size", entries.evicted)
         return True
 

@@ -3,7 +3,8 @@
 A shared entry is stored only when the local cache stored it (``cacheScope`` ``public``, a
 complete result, a ``ttlMs``: :func:`~gateway.cache.store_outcome`), and never for an upstream
 that receives the caller's ``Authorization`` (such entries stay in the process that saw the
-caller). It expires in Redis when it expires for the gateway.
+caller). It expires in Redis when it expires for the gateway, or for an upstream with
+``stale_if_error_ms`` at the end of its stale window (read then only as a stale answer).
 
 Value layout (bytes): the header :data:`_HEADER` (magic, the key's digest, expiry in wall-clock
 milliseconds since the epoch, the stored ``ttlMs``, the offset of the ``ttlMs`` value, and a
@@ -77,10 +78,10 @@ def decode(
     refresh_ahead: bool = False,
 ) -> CacheEntry | None:
     """The entry stored as ``value`` under the key of ``digest``, on the cache clock; ``None``
-    if it expired, or is not a value :func:`encode` wrote for that key within the bounds. The
-    last two arguments are the upstream's, for the local tier (see
-    :func:`~gateway.cache.lifetimes`): a shared entry leaves Redis when it expires, and is kept
-    stale only in the local tiers that copied it."""
+    if it expired more than ``stale_if_error_ms`` ago, or is not a value :func:`encode` wrote
+    for that key within the bounds. The last two arguments are the upstream's (see
+    :func:`~gateway.cache.lifetimes`). An entry returned may have expired (``expires_at`` at or
+    before ``clock_now``): it is then usable only as a stale answer, never as a hit."""
     if not isinstance(value, bytes) or len(value) < _HEADER_SIZE + len(_RESULT) + 1:
         return None
     fields = value[: _FIELDS.size]
@@ -89,8 +90,8 @@ def decode(
     if magic != _MAGIC or stored_digest != digest or not 0 < ttl_ms <= max_ttl_ms:
         return None
     left_s = expires_wall_ms / 1000 - wall_now
-    if left_s <= 0 or left_s > ttl_ms / 1000 + 1 or len(body) > max_entry_bytes:
-        return None  # expired, or claims more life than it was stored with (clocks 1 s apart allowed)
+    if left_s <= -stale_if_error_ms / 1000 or left_s > ttl_ms / 1000 + 1 or len(body) > max_entry_bytes:
+        return None  # past its stale window, or claims more life than it was stored with (clocks 1 s apart allowed)
     if not len(_RESULT) <= at < len(body) or not body.startswith(_RESULT) or not body.endswith(b"}"):
         return None
     if value[_FIELDS.size : _HEADER_SIZE] != _checksum(fields, body) or not body.endswith(_TTL_FIELD, 0, at):

@@ -4,7 +4,9 @@ processes, and invalidation that reaches every process.
 Redis keys (all under ``key_prefix``):
 
 * ``entry:<generation>:<digest>``: a shared entry (:mod:`gateway.cluster.entries`), with Redis
-  expiry at the entry's own.
+  expiry at the entry's own, or, for an upstream with ``stale_if_error_ms``, that much later: an
+  expired entry read in that window is never a hit, only what answers stale when fetching it
+  again fails (a replica that never held it answers stale too).
 * ``lock:<generation>:<digest>``: the cold key's leader (a redis-py ``Lock``: a token and an
   expiry of the upstream's ``timeout_s`` plus :data:`LOCK_MARGIN_S`).
 * ``generations``: a hash ``"<upstream> <method>"`` → generation (:mod:`gateway.cluster.generations`).
@@ -20,6 +22,12 @@ Everyone else waits for ``done`` (pushed by the feed: no polling) at most the up
 private, an error, or the leader died). An entry read while an invalidation raised its
 generation is not used (it may be the one invalidated): the caller goes upstream alone. A
 lock without expiry is not a lock this gateway took (written over): it is removed.
+
+Refresh-ahead takes the same lock (:meth:`Cluster.lookup` with ``refresh=True``): one refresh per
+key per cluster. A process whose entry is due looks in the shared tier first (an entry not due
+yet is another process's refresh: adopted), then takes the lock; one that does not get it waits
+for the holder's ``done`` and adopts what it stored, or skips the refresh (its entry stays as it
+was). The refresh ends like a cold key's flight (:meth:`Cluster.finish`).
 """
 
 from __future__ import annotations
@@ -71,11 +79,15 @@ class Flight:
 class Lookup:
     """What the shared tier gave for a local miss: an ``entry`` (``collapsed``: it is the
     answer another process's leader just fetched), or the ``flight`` to lead, or neither (go
-    upstream alone)."""
+    upstream alone). ``stale``: an expired shared entry still in its stale window (only to
+    answer from if fetching fails). ``skipped`` (refresh only): another process leads the key
+    and its answer did not come; this process does not refresh it."""
 
     entry: CacheEntry | None = None
     collapsed: bool = False
     flight: Flight | None = None
+    stale: CacheEntry | None = None
+    skipped: bool = False
 
 
 @dataclass(slots=True)
@@ -171,16 +183,20 @@ class Cluster:
 
     # -- the shared tier --
 
-    async def lookup(self, key: CacheKey, timeout_s: float) -> Lookup:
+    async def lookup(self, key: CacheKey, timeout_s: float, *, refresh: bool = False) -> Lookup:
         """After a local miss: the shared entry, or the cluster's single flight for ``key``
-        (``timeout_s``: the upstream's, how long a follower waits for the leader). Never raises
-        for Redis: with Redis down or failing, the answer is "go alone"."""
+        (``timeout_s``: the upstream's, how long a follower waits for the leader). With
+        ``refresh`` (refresh-ahead of a local entry that is due): an entry counts only if it is
+        not due itself (another process refreshed it), and a process that does not get the lock
+        skips the refresh unless the holder's answer arrives (see the module). Never raises for
+        Redis: with Redis down or failing, the answer is "go alone"."""
         if not self.link.up or not self.shares(key):
             return Lookup()
         ident = self.ident(key)
         entry = await self._read(key, ident)
-        if entry is not None:
+        if self._usable(entry, refresh):
             return Lookup(entry) if self.ident(key) == ident else Lookup()
+        stale = self._stale(entry)
         done = self._expect(ident)
         try:
             lock = Lock(
@@ -193,25 +209,40 @@ class Cluster:
             try:
                 leading = await self.link.run("lock", lock.acquire)
             except Unavailable:
-                return Lookup()
+                return Lookup(stale=stale) if self.ident(key) == ident else Lookup()
             if leading:
                 entry = await self._read(key, ident)  # a leader may have finished just now
-                if entry is not None:
+                if self._usable(entry, refresh):
                     self._spawn_release(lock)
                     return Lookup(entry) if self.ident(key) == ident else Lookup()
-                return Lookup(flight=Flight(ident, lock))
+                stale = self._stale(entry) or stale
+                return Lookup(flight=Flight(ident, lock), stale=stale if self.ident(key) == ident else None)
             if not await self._lock_is_live(ident):
-                return Lookup()
+                return Lookup(stale=stale) if self.ident(key) == ident else Lookup()
             try:
                 async with asyncio.timeout(timeout_s):
                     stored = await done
             except TimeoutError:
                 stored = False
             if stored and (entry := await self._read(key, ident)) is not None and self.ident(key) == ident:
-                return Lookup(entry, collapsed=True)
-            return Lookup()
+                if self._usable(entry, False):
+                    return Lookup(entry, collapsed=True)
+                stale = self._stale(entry) or stale
+            if self.ident(key) != ident:
+                return Lookup()
+            return Lookup(stale=stale, skipped=refresh)
         finally:
             self._forget(ident, done)
+
+    def _usable(self, entry: CacheEntry | None, refresh: bool) -> bool:
+        """Whether a shared ``entry`` answers as a hit (fresh), or for a refresh, is not due."""
+        if entry is None:
+            return False
+        return self.clock() < (entry.refresh_at if refresh else entry.expires_at)
+
+    def _stale(self, entry: CacheEntry | None) -> CacheEntry | None:
+        """``entry`` if it expired (it is in its stale window: :func:`decode` saw to that)."""
+        return entry if entry is not None and entry.expires_at <= self.clock() else None
 
     def finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None) -> None:
         """The leader's outcome: write ``entry`` (``None``: nothing storable), free the lock, say
@@ -246,6 +277,8 @@ class Cluster:
             self.tasks.spawn(write(), name="cluster:share")
 
     async def _read(self, key: CacheKey, ident: str) -> CacheEntry | None:
+        """The shared entry of ``key``, fresh or (for an upstream with ``stale_if_error_ms``)
+        expired within its stale window; ``None`` if there is none or it is not valid."""
         try:
             value = await self.link.run("get", lambda: self.link.client.get(self.link.key("entry", ident)))
         except Unavailable:
@@ -275,13 +308,37 @@ class Cluster:
         value, left_ms = encode(key_digest(key), entry, clock_now=self.clock(), wall_now=self.wall_clock())
         if left_ms <= 0:
             return False
+        # Redis keeps it for as long as an entry may answer: its stale window too, if any.
+        px = left_ms + self.config.stale_if_error_ms(key.upstream)
         try:
-            await self.link.run("set", lambda: self.link.client.set(self.link.key("entry", ident), value, px=left_ms))
+            await self.link.run("set", lambda: self.link.client.set(self.link.key("entry", ident), value, px=px))
             if key.method == "resources/read" and isinstance(uri := uri_of(key), str):
                 await self.link.run("uris", lambda: self._note_uri(key.upstream, uri))
         except Unavailable:
             return False
         return True
+
+    def supersede(self, key: CacheKey) -> None:
+        """The upstream's newest answer for ``key`` may not be stored (private, ...): the shared
+        entry loses its stale window (Redis expiry back to its freshness), in the background.
+        A no-op for an upstream without ``stale_if_error_ms``."""
+        window_ms = self.config.stale_if_error_ms(key.upstream)
+        if not window_ms or not self.link.up or not self.shares(key):
+            return
+        name = self.link.key("entry", self.ident(key))
+
+        async def shorten() -> None:
+            try:
+                left = await self.link.run("pttl", lambda: self.link.client.pttl(name))
+                if isinstance(left, int) and left > 0:
+                    if left > window_ms:
+                        await self.link.run("pexpire", lambda: self.link.client.pexpire(name, left - window_ms))
+                    else:
+                        await self.link.run("del", lambda: self.link.client.delete(name))
+            except Unavailable:
+                pass  # Redis is away: it expires by itself at the end of the window
+
+        self.tasks.spawn(shorten(), name="cluster:supersede")
 
     async def _note_uri(self, upstream: str, uri: str) -> None:
         """Add ``uri`` to the upstream's set of cached resource URIs (what its listen stream

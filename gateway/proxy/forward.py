@@ -34,7 +34,7 @@ from ..cache import (
     build_entry,
     store_outcome,
 )
-from ..cluster import Cluster
+from ..cluster import Cluster, Flight
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
@@ -112,8 +112,13 @@ class Forwarder:
         self.entry_options = {
             name: (config.stale_if_error_ms(name), config.refresh_ahead(name)) for name in config.upstreams
         }
-        #: When each failing key may be fetched again (stale-if-error, refresh-ahead).
+        #: When each failing key may be fetched again (stale-if-error, refresh-ahead): only for
+        #: failures to fetch; an upstream that answers clears it.
         self.backoff = Backoff()
+        #: When a key whose last refresh was answered but not storable (an error, too large...) may
+        #: be refreshed again: apart from ``backoff``, so that such an answer never makes a miss
+        #: serve the stale entry in place of asking the upstream.
+        self.refresh_backoff = Backoff()
         #: The refresh-ahead requests under way (one per key: each leads its key's coalescer).
         self.refreshes = BackgroundTasks(log)
 
@@ -202,7 +207,10 @@ class Forwarder:
         upstream, parsed, body = ex.upstream, ex.parsed, ex.body
         if key in self.coalescer or upstream is None or parsed is None or body is None:
             return  # under way already (every hit until it ends comes here)
-        if upstream.inflight >= upstream.config.max_inflight or self.backoff.waiting(key, self.clock()):
+        now = self.clock()
+        if upstream.inflight >= upstream.config.max_inflight or self.backoff.waiting(key, now):
+            return
+        if self.refresh_backoff.waiting(key, now):
             return
         try:
             headers = upstream.request_headers(ex.request.headers, allow_authorization=self.allow_authorization)
@@ -224,8 +232,24 @@ class Forwarder:
         released: CacheEntry | Stale | None = None
         outcome = "failed"
         purges = self.store.purges
-        upstream.inflight += 1
+        flight: Flight | None = None
+        fetching = False
         try:
+            if self.cluster is not None:
+                # One refresh per key per cluster: the cold key's lock (Cluster.lookup).
+                found = await self.cluster.lookup(key, upstream.config.timeout_s, refresh=True)
+                if found.entry is not None:  # another process refreshed it: adopted from Redis
+                    outcome = "shared"
+                    if self.store.purges == purges and self.store.put(key, found.entry):
+                        released = found.entry
+                        self.update_size_gauges()
+                    return
+                if found.skipped:  # another process refreshes it and its answer did not come
+                    outcome = "skipped"
+                    return
+                flight = found.flight
+            upstream.inflight += 1
+            fetching = True
             try:
                 status, message, size = await self._fetch(upstream, body, headers, request_id)
             except GatewayError as err:
@@ -245,18 +269,27 @@ class Forwarder:
                     result, entry = "refused", None
             self.metrics.cache_stores.labels(upstream.name, method, result).inc()
             self.update_size_gauges()
+            self.backoff.succeeded(key)  # the upstream answered
             if entry is None:
                 outcome = "unstored"
-                self.backoff.failed(key, self.clock())  # not asked again for a while
+                self.refresh_backoff.failed(key, self.clock())  # not refreshed again for a while
                 if result in _SUPERSEDING:
                     self.store.supersede(key)
+                    if self.cluster is not None:
+                        self.cluster.supersede(key)
                 return
             outcome, released = "stored", entry
-            self.backoff.succeeded(key)
+            self.refresh_backoff.succeeded(key)
             if self.cluster is not None:
-                self.cluster.share(key, entry)
+                if flight is not None:
+                    self.cluster.finish(flight, key, entry)  # written, unlocked, then "done"
+                else:
+                    self.cluster.share(key, entry)
         finally:
-            upstream.inflight -= 1
+            if fetching:
+                upstream.inflight -= 1
+            if flight is not None and self.cluster is not None:
+                self.cluster.finish(flight, key, None)  # a no-op once finished with the entry
             self.coalescer.release(key, released)
             self.metrics.cache_refreshes.labels(upstream.name, method, outcome).inc()
 
@@ -445,12 +478,15 @@ class Forwarder:
                 result, entry = "refused", None
         elif result in _SUPERSEDING:
             self.store.supersede(ex.key)  # an entry kept stale must not outlive this answer
+            if self.cluster is not None:
+                self.cluster.supersede(ex.key)
         self.metrics.cache_stores.labels(upstream.name, ex.method, result).inc()
         self.update_size_gauges()
+        self.backoff.succeeded(ex.key)  # the upstream answered, stored or not
         if entry is not None:
             ex.entry = entry
             ex.stored_ttl_ms = entry.ttl_ms
-            self.backoff.succeeded(ex.key)
+            self.refresh_backoff.succeeded(ex.key)
         else:
             ex.detail = result.replace("_", "-")
         if ex.leads:

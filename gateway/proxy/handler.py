@@ -23,7 +23,7 @@ from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
 from ..auth import bearer_matches
-from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, Stale, make_key
+from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, Failed, Stale, make_key
 from ..cluster import Cluster
 from ..codec import id_json
 from ..config import GatewayConfig
@@ -265,6 +265,13 @@ class Proxy:
             entry = await asyncio.shield(waiter)
             if isinstance(entry, Stale):  # the leader's fetch failed: its stale answer is ours too
                 return self.stale(ex, entry.entry, collapsed=True)
+            if isinstance(entry, Failed):
+                # The leader could not fetch it just now: neither would this caller. Its failure,
+                # with this caller's id, rather than one more attempt on a failing upstream.
+                ex.cache = ex.lookup = "miss"
+                ex.detail = "upstream-error"
+                err = entry.error
+                raise type(err)(str(err), request_id=ex.request_id)
             if entry is not None:
                 return self.hit(ex, entry, collapsed=True)
             # Not storable (private, an error, ...): this caller's answer is its own.
@@ -278,6 +285,11 @@ class Proxy:
             if self.forwarder.entry_options[key.upstream][0]:
                 return await self.send_or_stale(ex, key)
             return await self.forwarder.forward(ex, "miss")
+        except (BadGateway, GatewayTimeout) as err:
+            if ex.leads:  # the followers answer this failure too
+                self.coalescer.release(key, Failed(err))
+                ex.leads = False
+            raise
         finally:
             if ex.leads:  # the forwarder did not release them (an error, a cut stream)
                 self.coalescer.release(key, None)
@@ -319,11 +331,14 @@ class Proxy:
     async def shared(self, ex: Exchange, key: CacheKey) -> web.Response | None:
         """The shared tier after a local miss (this request leads the key in this process): a
         hit from Redis, copied into the local tier, or ``None`` with ``ex.flight`` set when this
-        process leads the key for the whole cluster (see :mod:`gateway.cluster.node`)."""
+        process leads the key for the whole cluster (see :mod:`gateway.cluster.node`). An expired
+        shared entry in its stale window is copied into the local tier as a stale one only."""
         assert self.cluster is not None and ex.upstream is not None
         found = await self.cluster.lookup(key, ex.upstream.config.timeout_s)
         if found.entry is None:
             ex.flight = found.flight
+            if found.stale is not None and self.store.put_stale(key, found.stale):
+                self.forwarder.update_size_gauges()  # send_or_stale answers from it if fetching fails
             return None
         self.store.put(key, found.entry)
         self.forwarder.update_size_gauges()

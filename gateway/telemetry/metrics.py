@@ -400,7 +400,8 @@ class GatewayMetrics:
         self.cache_refreshes = Counter(
             "cache_refreshes",
             "Background refreshes of entries in demand shortly before they expire (refresh-ahead), by "
-            "outcome: stored, unstored (answered, not storable: the entry stays until it expires), failed.",
+            "outcome: stored, unstored (answered, not storable: the entry stays until it expires), failed, "
+            "shared (another replica refreshed it: taken from Redis), skipped (another replica refreshes it).",
             ["upstream", "method", "outcome"],
             namespace=ns,
             registry=own,

@@ -1,7 +1,7 @@
-"""Stale-if-error and refresh-ahead with ``[cluster]``: two gateways on one real Redis. A shared
-entry leaves Redis when it expires; each local tier that holds it keeps it for the stale window
-and answers from it while the upstream fails. Refresh-ahead refreshes once per key per process,
-and what a refresh stores is shared."""
+"""Stale-if-error and refresh-ahead with ``[cluster]``: gateways on one real Redis. A shared entry
+stays in Redis for its stale window too (read then only as a stale answer), so every replica, one
+that never held it included, answers stale while the upstream fails. Refresh-ahead refreshes once
+per key per cluster (the cold key's lock), and what a refresh stores is shared."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 from aiohttp import web
 
 from gateway.app import PROXY
+from gateway.cache import CacheKey, build_entry
+from gateway.cluster.entries import decode, encode, key_digest
 from tests.support import RunningGateway, StartGateway, StartUpstream
 from tests.support.redis import RedisServer
 from tests.support.wire import list_result
@@ -40,7 +42,7 @@ async def test_each_replica_answers_stale_from_its_local_tier_when_the_upstream_
     assert "stored" in (await call(http, a, 1))[1]
     assert (await call(http, b, 2))[1].endswith("detail=shared")  # b's local tier holds it too
     state["down"] = True
-    await asyncio.sleep(0.4)  # expired everywhere, and gone from Redis
+    await asyncio.sleep(0.4)  # expired everywhere; kept stale in the local tiers and in Redis
     for gw, id_ in ((a, "a"), (b, "b")):
         status, cache_status, body = await call(http, gw, id_)
         assert (status, body["id"], body["result"]["ttlMs"]) == (200, id_, 0)
@@ -78,3 +80,91 @@ async def refreshed(gw: RunningGateway) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("the refresh did not end")
+
+
+async def test_a_replica_that_never_had_the_entry_answers_stale_from_redis_when_the_upstream_fails(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+    state = {"down": False}
+
+    async def answer(request: web.Request, msg: Any) -> web.StreamResponse:
+        if state["down"]:
+            return web.Response(status=503, text="<html>down</html>", content_type="text/html")
+        return web.json_response(list_result(msg["id"], ttl_ms=300))
+
+    upstream.handlers["tools/list"] = answer
+    config = cluster_config(redis_server, upstream, stale_if_error_ms=60_000)
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    assert "stored" in (await call(http, a, 1))[1]
+    await asyncio.sleep(0.05)  # written to Redis in the background
+    with redis_server.client() as client:
+        (name,) = client.keys("t:entry:*")
+        assert 59_000 < client.pttl(name) <= 60_300  # its life and its window
+    state["down"] = True
+    await asyncio.sleep(0.4)  # expired; b never held it
+    status, cache_status, body = await call(http, b, "b")
+    assert (status, body["id"], body["result"]["ttlMs"]) == (200, "b", 0)
+    assert cache_status == "mcp-gateway; hit; ttl=-1"
+    assert upstream.count("tools/list") == 2  # the first store, then b's one attempt
+    state["down"] = False
+    status, cache_status, _ = await call(http, b, "again")  # backing off: stale without asking
+    assert cache_status == "mcp-gateway; hit; ttl=-1"
+
+
+async def test_a_key_in_steady_demand_on_three_replicas_is_refreshed_once_per_lifetime_for_the_cluster(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+
+    async def answer(request: web.Request, msg: Any) -> web.StreamResponse:
+        await asyncio.sleep(0.01)
+        return web.json_response(list_result(msg["id"], ttl_ms=2_000))
+
+    upstream.handlers["tools/list"] = answer
+    config = cluster_config(redis_server, upstream, refresh_ahead=True)
+    gateways = [await start_gateway(config) for _ in range(3)]
+    await connected(*gateways)
+    assert "stored" in (await call(http, gateways[0], 0))[1]
+    replies = []
+    started = asyncio.get_running_loop().time()
+    while asyncio.get_running_loop().time() - started < 4.5:  # 20 a second on each, across 2+ lifetimes
+        replies += await asyncio.gather(*(call(http, gw, 1) for gw in gateways))
+        await asyncio.sleep(0.05)
+    assert all(r[0] == 200 and r[1].startswith("mcp-gateway; hit; ttl=") for r in replies), [
+        r[1] for r in replies if "hit" not in r[1]
+    ]
+    # Refreshed in the last 1 s of a 2 s lifetime: about one request a second for the cluster
+    # (once per process would be three).
+    requests = upstream.count("tools/list")
+    assert 4 <= requests <= 6, requests
+    for gw in gateways:
+        await refreshed(gw)
+
+    def refreshes(outcome: str) -> float:
+        return sum(
+            gw.registry.get_sample_value(
+                "mcp_gateway_cache_refreshes_total", {"upstream": "a", "method": "tools/list", "outcome": outcome}
+            )
+            or 0.0
+            for gw in gateways
+        )
+
+    assert refreshes("stored") == requests - 1
+    assert refreshes("shared") + refreshes("skipped") >= requests - 1  # the other replicas took theirs
+    assert refreshes("failed") == refreshes("unstored") == 0
+
+
+KEY = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
+
+
+def test_a_shared_entry_past_its_expiry_reads_back_only_within_its_stale_window() -> None:
+    entry = build_entry(list_result(1, ttl_ms=1_000), 100.0, 3_600_000)
+    assert entry is not None
+    value, _ = encode(key_digest(KEY), entry, clock_now=100.0, wall_now=5_000.0)
+    bounds = {"clock_now": 0.0, "max_ttl_ms": 3_600_000, "max_entry_bytes": 1 << 20}
+    read = decode(value, key_digest(KEY), wall_now=5_003.0, stale_if_error_ms=5_000, **bounds)
+    assert read is not None and read.expires_at == -2.0 and read.keep_until == 3.0  # stale, never a hit
+    assert decode(value, key_digest(KEY), wall_now=5_003.0, **bounds) is None  # no window: gone
+    assert decode(value, key_digest(KEY), wall_now=5_006.5, stale_if_error_ms=5_000, **bounds) is None

@@ -388,3 +388,32 @@ EXPECTED_STATUSES: Final = [
     "mcp-gateway; fwd=miss; fwd-status=200; detail=private",
     "mcp-gateway; fwd=miss; fwd-status=200; stored; ttl=10",
 ]
+
+
+async def test_a_refresh_answered_with_a_jsonrpc_error_never_makes_a_miss_answer_stale(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    upstream, _, gw = await start_env(refresh_ahead=True)
+    await call(http, gw)
+    upstream.mode = "rpc_error"  # the upstream answers, with an error: an answer, not a failure
+    fake_clock.advance(9.5)
+    assert "hit; ttl=0" in (await call(http, gw))[1]  # starts the refresh
+    await refreshes_done(gw)
+    unstored = sample(gw, "mcp_gateway_cache_refreshes_total", upstream="up", method="tools/list", outcome="unstored")
+    assert unstored == 1
+    fake_clock.advance(0.6)  # expired, well inside the stale window
+    status, cache_status, body = await call(http, gw, id_=7)
+    assert (status, body["id"], body["error"]["message"]) == (500, 7, "backend down")
+    assert "ttl=-" not in cache_status  # relayed, not stale
+    assert upstream.count("tools/list") == 3  # the store, the refresh, this miss
+
+
+async def test_callers_waiting_on_a_failing_key_without_a_stale_entry_share_its_failure(
+    start_env: StartEnv, http: aiohttp.ClientSession
+) -> None:
+    upstream, _, gw = await start_env(stale_if_error_ms=0)
+    upstream.mode, upstream.delay_s = "html503", 0.1  # slow to fail: every caller arrives meanwhile
+    replies = await asyncio.gather(*(call(http, gw, id_=i) for i in range(50)))
+    assert upstream.count("tools/list") == 1  # one attempt, not fifty
+    for i, (status, _, body) in enumerate(replies):
+        assert (status, body["id"], body["error"]["code"]) == (502, i, -32603)
