@@ -15,7 +15,7 @@ from aiohttp import web
 from gateway.app import PROXY
 from gateway.cache import CacheKey, build_entry
 from gateway.cluster.entries import decode, encode, key_digest
-from tests.support import RunningGateway, StartGateway, StartUpstream
+from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
 from tests.support.redis import RedisServer
 from tests.support.wire import list_result
 
@@ -24,9 +24,11 @@ from .test_tier import call, cluster_config, connected
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_each_replica_answers_stale_from_its_local_tier_when_the_upstream_fails(
-    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
-) -> None:
+async def two_gateways_before_an_upstream_that_goes_down(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream
+) -> tuple[FakeUpstream, dict[str, bool], RunningGateway, RunningGateway]:
+    """Two connected gateways (stale_if_error_ms 60 s) in front of an upstream answering a public
+    list (ttlMs 300) until ``state["down"]`` is set, then 503 HTML."""
     upstream = await start_upstream()
     state = {"down": False}
 
@@ -39,6 +41,15 @@ async def test_each_replica_answers_stale_from_its_local_tier_when_the_upstream_
     config = cluster_config(redis_server, upstream, stale_if_error_ms=60_000)
     a, b = await start_gateway(config), await start_gateway(config)
     await connected(a, b)
+    return upstream, state, a, b
+
+
+async def test_each_replica_answers_stale_from_its_local_tier_when_the_upstream_fails(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream, state, a, b = await two_gateways_before_an_upstream_that_goes_down(
+        redis_server, start_gateway, start_upstream
+    )
     assert "stored" in (await call(http, a, 1))[1]
     assert (await call(http, b, 2))[1].endswith("detail=shared")  # b's local tier holds it too
     state["down"] = True
@@ -85,18 +96,9 @@ async def refreshed(gw: RunningGateway) -> None:
 async def test_a_replica_that_never_had_the_entry_answers_stale_from_redis_when_the_upstream_fails(
     redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
 ) -> None:
-    upstream = await start_upstream()
-    state = {"down": False}
-
-    async def answer(request: web.Request, msg: Any) -> web.StreamResponse:
-        if state["down"]:
-            return web.Response(status=503, text="<html>down</html>", content_type="text/html")
-        return web.json_response(list_result(msg["id"], ttl_ms=300))
-
-    upstream.handlers["tools/list"] = answer
-    config = cluster_config(redis_server, upstream, stale_if_error_ms=60_000)
-    a, b = await start_gateway(config), await start_gateway(config)
-    await connected(a, b)
+    upstream, state, a, b = await two_gateways_before_an_upstream_that_goes_down(
+        redis_server, start_gateway, start_upstream
+    )
     assert "stored" in (await call(http, a, 1))[1]
     await asyncio.sleep(0.05)  # written to Redis in the background
     with redis_server.client() as client:
