@@ -2,9 +2,11 @@
 
 Modules, lower first: ``link`` (the Redis client, a bound on every call, up or down),
 ``entries`` (shared entries: names and checked values), ``feed`` (the event stream every process
-reads), ``node`` (the shared tier, single flight and invalidation for one process), ``lease``
-(one holder per upstream for the registry's probes and listen stream). Without ``[cluster]``
-none of this runs.
+reads), ``generations`` (the numbers invalidation raises), ``waiters`` (callers waiting for
+another process's leader), ``node`` (the shared tier, single flight and invalidation for one
+process), ``lease`` (one holder per upstream for the registry's probes and listen stream).
+Without ``[cluster]`` none of this runs. Apart from Redis, ``workers`` carries invalidation
+between the workers of one ``--workers`` group.
 """
 
 from .link import RedisLink, Unavailable

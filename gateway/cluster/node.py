@@ -36,7 +36,7 @@ import asyncio
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from redis.asyncio.lock import Lock
@@ -51,6 +51,7 @@ from .entries import decode, encode, key_digest
 from .feed import Feed
 from .generations import Generations
 from .link import RedisLink, Unavailable
+from .waiters import Waiters
 
 __all__ = ["LOCK_MARGIN_S", "Cluster", "Flight", "Lookup"]
 
@@ -100,11 +101,6 @@ class _Pending:
     generations: dict[str, int] | None = None
 
 
-@dataclass(slots=True)
-class _Waiting:
-    futures: list[asyncio.Future[bool]] = field(default_factory=list)
-
-
 class Cluster:
     """The shared tier for one process (see the module). ``store`` is the local tier, in front
     of it; ``clock`` the cache's monotonic seconds, ``wall_clock`` epoch seconds (shared entries
@@ -134,7 +130,7 @@ class Cluster:
         self.generations = Generations(
             self.link, [self._field(u, m) for u in config.upstreams for m in sorted(CACHEABLE_METHODS)]
         )
-        self._waiting: dict[str, _Waiting] = {}
+        self.waiters = Waiters()
         self._pending: list[_Pending] = []
         self._fenced: set[str] = set()
         self._retrying: asyncio.Task[None] | None = None
@@ -160,7 +156,7 @@ class Cluster:
 
     async def stop(self) -> None:
         await self.tasks.close()
-        self._release_waiters()
+        self.waiters.release_all()
         await self.feed.close()
         await self.link.close()
 
@@ -197,7 +193,7 @@ class Cluster:
         if self._usable(entry, refresh):
             return Lookup(entry) if self.ident(key) == ident else Lookup()
         stale = self._stale(entry)
-        done = self._expect(ident)
+        done = self.waiters.expect(ident)
         try:
             lock = Lock(
                 self.link.client,
@@ -232,7 +228,7 @@ class Cluster:
                 return Lookup()
             return Lookup(stale=stale, skipped=refresh)
         finally:
-            self._forget(ident, done)
+            self.waiters.forget(ident, done)
 
     def _usable(self, entry: CacheEntry | None, refresh: bool) -> bool:
         """Whether a shared ``entry`` answers as a hit (fresh), or for a refresh, is not due."""
@@ -391,28 +387,6 @@ class Cluster:
 
         self.tasks.spawn(release(), name="cluster:unlock")
 
-    # -- waiting for leaders --
-
-    def _expect(self, ident: str) -> asyncio.Future[bool]:
-        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(ident, _Waiting()).futures.append(fut)
-        return fut
-
-    def _forget(self, ident: str, fut: asyncio.Future[bool]) -> None:
-        waiting = self._waiting.get(ident)
-        if waiting is not None:
-            if fut in waiting.futures:
-                waiting.futures.remove(fut)
-            if not waiting.futures:
-                del self._waiting[ident]
-
-    def _release_waiters(self) -> None:
-        for waiting in self._waiting.values():
-            for fut in waiting.futures:
-                if not fut.done():
-                    fut.set_result(False)
-        self._waiting.clear()
-
     # -- invalidation --
 
     async def invalidate(self, invalidation: Invalidation, reason: str) -> int:
@@ -495,11 +469,7 @@ class Cluster:
     def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "done":
-            waiting = self._waiting.get(event.get("id"))  # type: ignore[arg-type]
-            if waiting is not None:
-                for fut in waiting.futures:
-                    if not fut.done():
-                        fut.set_result(event.get("stored") is True)
+            self.waiters.done(event.get("id"), event.get("stored") is True)
         elif kind == "invalidate":
             self.generations.adopt(event.get("generations"))
             invalidation = Invalidation.from_json(event.get("invalidation"))
@@ -513,7 +483,7 @@ class Cluster:
     def _lost(self, reason: str) -> None:
         """The feed cannot vouch for the local tier any more: empty it, stop every wait."""
         count = self.store.purge(lambda _k: True, "cluster")
-        self._release_waiters()
+        self.waiters.release_all()
         if count and self.on_purged is not None:
             self.on_purged(count)
         if reason != "shared tier down":  # that one has its own line (RedisLink.mark)

@@ -37,13 +37,14 @@ from ..cache import (
 from ..cluster import Cluster, Flight
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
-from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
+from ..errors import BadGateway, GatewayError, Overloaded
 from ..protocol import response_id_matches
 from ..sse import SSEParser
 from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange
+from .fetch import fetch_answer, final_response
 
 __all__ = ["Forwarder", "error_code"]
 
@@ -65,18 +66,6 @@ def error_code(message: object) -> int | None:
         if type(code) is int and _INT64_MIN <= code <= _INT64_MAX:
             return code
     return None
-
-
-def _final_response(events: list[bytes], request_id: object) -> tuple[dict[str, object] | None, int]:
-    """The JSON-RPC response to ``request_id`` among SSE ``events``, with its size in bytes."""
-    for data in events:
-        try:
-            message = loads(data)
-        except ValueError:
-            continue
-        if response_id_matches(message, request_id):
-            return message, len(data)
-    return None, 0
 
 
 class Forwarder:
@@ -251,7 +240,7 @@ class Forwarder:
             upstream.inflight += 1
             fetching = True
             try:
-                status, message, size = await self._fetch(upstream, body, headers, request_id)
+                status, message, size = await fetch_answer(upstream, body, headers, request_id)
             except GatewayError as err:
                 log.info("refresh-ahead of a %s entry of %s failed: %s", method, upstream.name, err.message)
                 self.backoff.failed(key, self.clock())
@@ -292,42 +281,6 @@ class Forwarder:
                 self.cluster.finish(flight, key, None)  # a no-op once finished with the entry
             self.coalescer.release(key, released)
             self.metrics.cache_refreshes.labels(upstream.name, method, outcome).inc()
-
-    async def _fetch(
-        self, upstream: Upstream, body: bytes, headers: CIMultiDict[str], request_id: object
-    ) -> tuple[int, Any, int]:
-        """Send a refresh and read its JSON-RPC answer to ``request_id`` whole, JSON or SSE, within
-        the upstream's ``timeout_s``: ``(HTTP status, the answer, its size in bytes)``.
-
-        Raises:
-            BadGateway, GatewayTimeout: the upstream failed, or gave no JSON-RPC answer to it.
-        """
-        timeout_s = upstream.config.timeout_s
-        async with upstream.open("POST", body, headers) as resp:
-            if resp.content_type == "text/event-stream":
-                parser = SSEParser(upstream.config.max_response_bytes)
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        async for chunk in upstream.iter_stream(resp):
-                            message, size = _final_response(parser.feed(chunk), request_id)
-                            if message is not None:
-                                return resp.status, message, size
-                            if parser.overflowed:
-                                break
-                except TimeoutError:
-                    raise GatewayTimeout(f"upstream {upstream.name} did not answer within {timeout_s:g} s") from None
-                message, size = _final_response(parser.finish(), request_id)
-                if message is not None:
-                    return resp.status, message, size
-                raise BadGateway(f"upstream {upstream.name} ended the stream before answering")
-            data = await upstream.read_body(resp, asyncio.get_running_loop().time() + timeout_s)
-        try:
-            message = loads(data)
-        except ValueError:
-            message = None
-        if not response_id_matches(message, request_id):
-            raise BadGateway(f"upstream {upstream.name} answered HTTP {resp.status} without a JSON-RPC response")
-        return resp.status, message, len(data)
 
     def _build(self, upstream: str, message: dict[str, Any]) -> CacheEntry | None:
         stale_if_error_ms, refresh_ahead = self.entry_options[upstream]
@@ -374,7 +327,7 @@ class Forwarder:
         try:
             async for chunk in upstream.iter_stream(resp):
                 if parser is not None and final is None:
-                    final, final_size = _final_response(parser.feed(chunk), request_id)
+                    final, final_size = final_response(parser.feed(chunk), request_id)
                     if final is not None:
                         # Stored, and the coalesced followers answered, before this caller has
                         # read it: a caller that stops reading holds back no one else.
@@ -388,7 +341,7 @@ class Forwarder:
                     break
             if parser is not None and final is None and not parser.overflowed:
                 # A last line ended by a lone \r, held back in case \n followed, ends with the stream.
-                final, final_size = _final_response(parser.finish(), request_id)
+                final, final_size = final_response(parser.finish(), request_id)
                 if final is not None:
                     self._answered(ex, upstream, resp.status, final)
                     if ex.key is not None:
@@ -415,7 +368,7 @@ class Forwarder:
             # it, so that an error event after it is read on its own. Should that complete the
             # answer after all, the caller has it (not stored: the stream was cut).
             await self._send(ex, out, b"\n\n")
-            if _final_response(parser.feed(b"\n\n"), request_id)[0] is not None:
+            if final_response(parser.feed(b"\n\n"), request_id)[0] is not None:
                 return
         else:
             # The oversized event went out in part: end it with a data line that no JSON can

@@ -8,8 +8,9 @@ short and rate-bounded).
 """
 
 from .accesslog import ACCESS_LOGGER, AccessLogHandler, direct_handler, request_fields
+from .group import GAUGE_SAMPLE_S, MULTIPROC_DIR_ENV, MultiProcessRegistry
 from .journal import BATCH_DELAY_S, BATCH_RECORDS, RequestJournal
-from .metrics import GAUGE_SAMPLE_S, MULTIPROC_DIR_ENV, GatewayMetrics, MultiProcessRegistry, RequestMetrics
+from .metrics import GatewayMetrics, RequestMetrics
 from .record import RequestRecord
 from .serverlog import ServerErrorFilter, quiet_server_errors
 

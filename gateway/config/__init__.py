@@ -1,0 +1,30 @@
+"""The gateway's configuration: the model of the config file (:mod:`.model`) and loading it
+from TOML (:mod:`.load`)."""
+
+from .load import ConfigError, load_config, parse_config
+from .model import (
+    UPSTREAM_NAME_PATTERN,
+    AdminConfig,
+    AuthConfig,
+    CacheConfig,
+    ClusterConfig,
+    GatewayConfig,
+    ListenerConfig,
+    RegistryConfig,
+    UpstreamConfig,
+)
+
+__all__ = [
+    "UPSTREAM_NAME_PATTERN",
+    "AdminConfig",
+    "AuthConfig",
+    "CacheConfig",
+    "ClusterConfig",
+    "ConfigError",
+    "GatewayConfig",
+    "ListenerConfig",
+    "RegistryConfig",
+    "UpstreamConfig",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,202 @@
+"""Loading the config: TOML, ``${NAME}`` from the environment, and error messages that name the
+key at fault (with the closest valid key, and the line where it is certain).
+
+Unknown keys are errors; ``${NAME}`` inside any string value is replaced by the environment
+variable ``NAME`` at load time, and a missing variable is a load error (README, "Configuration").
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import sys
+import tomllib
+import types
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Union, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
+
+from .model import GatewayConfig
+
+__all__ = ["ConfigError", "load_config", "parse_config"]
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message names the key at fault."""
+
+
+def _substitute(value: Any, path: str, env: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+
+        def repl(m: re.Match[str]) -> str:
+            name = m.group(1)
+            if name not in env:
+                raise ConfigError(f"{path}: environment variable {name} is not set")
+            return env[name]
+
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+    return value
+
+
+def _unwrap(node: Any) -> Any:
+    """``X`` of ``Annotated[X, ...]`` and of ``X | None``."""
+    while True:
+        origin = get_origin(node)
+        if origin is Annotated:
+            node = get_args(node)[0]
+        elif origin in (Union, types.UnionType):
+            args = [a for a in get_args(node) if a is not type(None)]
+            if len(args) != 1:
+                return node
+            node = args[0]
+        else:
+            return node
+
+
+def _keys_of_table(table: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys allowed in the table at ``table`` (``("cache",)``, ``("upstreams", "a")``, ``()``
+    for the top level), or none when ``table`` is not a table of the model."""
+    node: Any = GatewayConfig
+    for part in table:
+        node = _unwrap(node)
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(part)
+            if field is None:
+                return ()
+            node = field.annotation
+        elif get_origin(node) is Mapping:
+            node = get_args(node)[1]
+        else:
+            return ()
+    node = _unwrap(node)
+    return tuple(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else ()
+
+
+def _unknown_key(loc: tuple[str, ...]) -> str:
+    """``unknown key``, with the closest key allowed in its table when one is close enough."""
+    close = difflib.get_close_matches(loc[-1], _keys_of_table(loc[:-1]), n=1)
+    return f"unknown key (did you mean `{close[0]}`?)" if close else "unknown key"
+
+
+# Just enough of TOML's key syntax to find the line of a key in a file that tomllib parsed.
+_KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
+_DOTTED = rf"(?:{_KEY_PART.pattern})(?:[ \t]*\.[ \t]*(?:{_KEY_PART.pattern}))*"
+_TABLE_LINE = re.compile(rf"[ \t]*\[[ \t]*({_DOTTED})[ \t]*\][ \t]*(?:#.*)?")
+_ARRAY_TABLE_LINE = re.compile(r"[ \t]*\[\[")
+_KEY_LINE = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
+
+
+def _split_key(dotted: str) -> tuple[str, ...] | None:
+    """``a."b.c".'d'`` -> ``("a", "b.c", "d")``; None for a quoted key with escapes JSON lacks."""
+    parts = []
+    for match in _KEY_PART.finditer(dotted):
+        part = match.group(0)
+        if part.startswith('"'):
+            try:
+                part = json.loads(part)
+            except ValueError:
+                return None
+        elif part.startswith("'"):
+            part = part[1:-1]
+        parts.append(part)
+    return tuple(parts)
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], list[int]]:
+    """The lines (1-based) where each table header and key of a valid TOML ``text`` appears,
+    by full path (``[upstreams.a]`` then ``timeout = 3``: ``("upstreams", "a", "timeout")``).
+    Keys inside inline tables and arrays of tables are not found; lines inside multi-line
+    strings are skipped."""
+    found: dict[tuple[str, ...], list[int]] = {}
+    table: tuple[str, ...] | None = ()
+    in_string = False
+    for number, line in enumerate(text.splitlines(), 1):
+        quotes = line.count('"""') + line.count("'''")
+        if in_string:
+            in_string = quotes % 2 == 0
+            continue
+        in_string = quotes % 2 == 1
+        if _ARRAY_TABLE_LINE.match(line):
+            table = None
+        elif header := _TABLE_LINE.fullmatch(line):
+            table = _split_key(header.group(1))
+            if table is not None:
+                found.setdefault(table, []).append(number)
+        elif table is not None and (key := _KEY_LINE.match(line)):
+            path = _split_key(key.group(1))
+            if path is not None:
+                found.setdefault(table + path, []).append(number)
+    return found
+
+
+def _problems(exc: ValidationError, source: str | None) -> str:
+    """One ``[line N: ]KEY: what is wrong`` per error of ``exc``, joined with ``; `` in the order
+    of their lines (those without one last); the line only when ``source`` (the file's text) has
+    exactly one line for the key (or, for a missing key, for its table)."""
+    lines = _key_lines(source) if source is not None else {}
+    out: list[tuple[int, str]] = []
+    for err in exc.errors():
+        path: list[str] = []
+        for part in err["loc"]:
+            if not isinstance(part, str) or part == "[key]":
+                break
+            path.append(part)
+        loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        msg = _unknown_key(tuple(path)) if err["type"] == "extra_forbidden" else err["msg"]
+        at = lines.get(tuple(path)) or (lines.get(tuple(path[:-1])) if err["type"] == "missing" and path else None)
+        if at and len(at) == 1:
+            out.append((at[0], f"line {at[0]}: {loc}: {msg}"))
+        else:
+            out.append((sys.maxsize, f"{loc}: {msg}"))
+    return "; ".join(text for _, text in sorted(out, key=lambda item: item[0]))
+
+
+def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Validate already-parsed TOML data, replacing ``${NAME}`` from ``env`` (default ``os.environ``).
+
+    Raises:
+        ConfigError: a missing environment variable or an invalid/unknown key, naming it (an
+            unknown key with the closest valid one: ``unknown key (did you mean `max_ttl_ms`?)``).
+    """
+    return _validate(data, env, None)
+
+
+def _validate(data: Mapping[str, Any], env: Mapping[str, str] | None, source: str | None) -> GatewayConfig:
+    resolved = _substitute(dict(data), "", os.environ if env is None else env)
+    try:
+        return GatewayConfig.model_validate(resolved)
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc, source)) from exc
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read and validate the TOML file at ``path``.
+
+    Raises:
+        ConfigError: unreadable file, invalid TOML, missing variable, invalid or unknown key;
+            the message starts with ``path`` and gives the line where it can be sure of it
+            (``gw.toml: line 3: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)``).
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    try:
+        return _validate(data, env, text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc.__cause__
