@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
+from .aggregate import ROUTE, Aggregate
 from .auth import bearer_matches
 from .cache import Clock, Invalidation, MemoryStore
 from .cluster import Cluster
@@ -174,6 +175,17 @@ def create_app(
     app.router.add_get("/metrics", guarded(_metrics_view(config, make_aiohttp_handler(metrics.registry))))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    if config.aggregate is not None:
+        aggregate = Aggregate(config, proxy, registry.state)
+        store.on_purge = aggregate.hub.purged  # every invalidation in this process passes there
+
+        async def end_listen_streams(app: web.Application) -> None:
+            aggregate.hub.close()
+
+        app.on_shutdown.append(end_listen_streams)
+        app.router.add_post(ROUTE, aggregate.handle_post)
+        for method in ("GET", "DELETE"):
+            app.router.add_route(method, ROUTE, aggregate.handle_other)
     views = RegistryViews(config, registry.state)
     app.router.add_get("/v0.1/servers", guarded(views.servers))
     app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(views.server_versions))

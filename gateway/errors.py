@@ -116,6 +116,14 @@ class HeaderMismatch(GatewayError):
     status = 400
 
 
+class UnsupportedProtocolVersion(GatewayError):
+    """A protocol version this server does not speak (-32022, HTTP 400, ``data``: ``supported``
+    and ``requested``; MCP 2026-07-28, basic/versioning, 'Protocol Version Negotiation')."""
+
+    code = -32022
+    status = 400
+
+
 class NotFound(GatewayError):
     """No upstream of that name (HTTP 404 with -32601, which dual-era clients read as modern:
     MCP 2026-07-28, basic/transports/streamable-http, 'Protocol Version Header')."""

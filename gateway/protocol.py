@@ -33,6 +33,7 @@ __all__ = [
     "Era",
     "ParsedRequest",
     "decode_header_value",
+    "encode_header_value",
     "method_label",
     "parse_request",
     "response_id_matches",
@@ -105,10 +106,26 @@ _SENTINEL_PREFIX: Final = "=?base64?"
 _SENTINEL_SUFFIX: Final = "?="
 
 
-
 def method_label(method: str | None) -> str:
     """A bounded metric label for ``method``: the method itself if known, else ``other``."""
     return method if method in KNOWN_METHODS else "other"
+
+
+def encode_header_value(value: str) -> str:
+    """``value`` as an ``Mcp-Name`` header value: as it is when it is visible ASCII (space and
+    tab allowed inside), else ``=?base64?<b64 of UTF-8>?=`` (MCP 2026-07-28,
+    basic/transports/streamable-http, 'Value Encoding'). :func:`decode_header_value` inverts it."""
+    plain = (
+        value.isascii()
+        and all(ch in "\t " or "!" <= ch <= "~" for ch in value)
+        and value == value.strip(" \t")
+        and not (value.startswith(_SENTINEL_PREFIX) and value.endswith(_SENTINEL_SUFFIX))
+    )
+    if plain:
+        return value
+    return (
+        _SENTINEL_PREFIX + base64.b64encode(value.encode("utf-8", "surrogatepass")).decode("ascii") + _SENTINEL_SUFFIX
+    )
 
 
 def decode_header_value(value: str) -> str | None:

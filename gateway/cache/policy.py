@@ -77,7 +77,7 @@ def store_outcome(status: int, message: object, size: int, max_entry_bytes: int)
 _RESPONSE_START: Final = b'{"jsonrpc":"2.0","id":'
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class CacheEntry:
     """One stored result, pre-rendered so a hit costs one byte join.
 
@@ -90,7 +90,8 @@ class CacheEntry:
     ``expires_at``) is when the store drops it: later than ``expires_at`` only for an upstream
     with ``stale_if_error_ms``, whose expired entry may answer while fetching it again fails.
     ``refresh_at`` (clock seconds; infinite without refresh-ahead) is when a hit on it starts a
-    background refresh (:func:`lifetimes`).
+    background refresh (:func:`lifetimes`). Weakly referable: an answer of ``POST /mcp`` notes
+    the member entries it was made of without keeping them alive (:mod:`gateway.aggregate`).
     """
 
     head: bytes | memoryview

@@ -116,6 +116,9 @@ class MemoryStore:
         self._entries = _Entries(max_bytes, clock, keep_stale)
         self._keep_stale = keep_stale
         self._purges = 0
+        #: Told of every purge, ``(predicate, reason)``, whatever it removed: the one place every
+        #: invalidation of this process passes (local, other workers', other replicas').
+        self.on_purge: Callable[[Callable[[CacheKey], bool], str], None] | None = None
         if keep_stale:
             # Decided once: without stale entries, a hit costs no freshness check of its own
             # (the TLRU cache's expiry is the entry's).
@@ -204,6 +207,8 @@ class MemoryStore:
         for k in doomed:
             self._entries.pop(k, None)
         self._evicted(reason, len(doomed))
+        if self.on_purge is not None:
+            self.on_purge(predicate, reason)
         return len(doomed)
 
     def keys(self) -> list[CacheKey]:

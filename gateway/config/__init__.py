@@ -5,6 +5,7 @@ from .load import ConfigError, load_config, parse_config
 from .model import (
     UPSTREAM_NAME_PATTERN,
     AdminConfig,
+    AggregateConfig,
     AuthConfig,
     CacheConfig,
     ClusterConfig,
@@ -17,6 +18,7 @@ from .model import (
 __all__ = [
     "UPSTREAM_NAME_PATTERN",
     "AdminConfig",
+    "AggregateConfig",
     "AuthConfig",
     "CacheConfig",
     "ClusterConfig",

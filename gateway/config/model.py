@@ -290,6 +290,36 @@ _TLS_QUERY_KEYS: Final = frozenset(
 )
 
 
+class AggregateConfig(_Model):
+    """``POST /mcp``: the members' tools, prompts and resources as one MCP server (README,
+    "One endpoint for the fleet")."""
+
+    upstreams: tuple[str, ...] | None = Field(
+        None,
+        description="The members, by upstream name, in the order their items are listed (default: every upstream).",
+    )
+    separator: str = Field(
+        "__",
+        min_length=1,
+        max_length=8,
+        description="Exposed tool and prompt names are <member><separator><name>.",
+    )
+    page_size: int = Field(100, ge=1, le=10_000, description="Items a page of an aggregate list.")
+    max_member_pages: int = Field(
+        20, ge=1, le=1000, description="Pages of one member followed for one list; past it the rest is left out."
+    )
+    max_listen_streams: int = Field(
+        1024, ge=1, description="Clients' subscriptions/listen streams open on /mcp at once."
+    )
+
+    @field_validator("separator")
+    @classmethod
+    def _separator(cls, value: str) -> str:
+        if not all("!" <= ch <= "~" for ch in value) or "/" in value:
+            raise ValueError("must be visible ASCII without '/'")
+        return value
+
+
 class GatewayConfig(_Model):
     """The whole config file (README, "Configuration")."""
 
@@ -306,6 +336,25 @@ class GatewayConfig(_Model):
     upstreams: Mapping[Annotated[str, Field(pattern=UPSTREAM_NAME_PATTERN)], UpstreamConfig] = Field(
         default_factory=dict, description="The upstreams, by name."
     )
+    aggregate: AggregateConfig | None = Field(
+        None, description="POST /mcp, the members as one MCP server (default: no /mcp)."
+    )
+
+    @model_validator(mode="after")
+    def _members_exist(self) -> GatewayConfig:
+        if self.aggregate is not None and self.aggregate.upstreams is not None:
+            unknown = [n for n in self.aggregate.upstreams if n not in self.upstreams]
+            if unknown:
+                raise ValueError(f"aggregate.upstreams: no upstream named {', '.join(map(repr, unknown))}")
+            if len(set(self.aggregate.upstreams)) != len(self.aggregate.upstreams):
+                raise ValueError("aggregate.upstreams: a member is named twice")
+        return self
+
+    def aggregate_members(self) -> tuple[str, ...]:
+        """The upstreams ``POST /mcp`` is made of, in order (``()`` without ``[aggregate]``)."""
+        if self.aggregate is None:
+            return ()
+        return self.aggregate.upstreams if self.aggregate.upstreams is not None else tuple(self.upstreams)
 
     @model_validator(mode="after")
     def _no_token_passthrough(self) -> GatewayConfig:

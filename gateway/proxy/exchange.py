@@ -86,6 +86,8 @@ class Exchange:
     leads: bool = False
     flight: Flight | None = None
     large: bool = False
+    #: The ``Mcp-Name`` to send upstream in place of the caller's (``POST /mcp`` rewrites names).
+    mcp_name: str | None = None
 
     def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:
         self.request = request
@@ -97,6 +99,13 @@ class Exchange:
     def request_id(self) -> object:
         """The request's JSON-RPC id, ``None`` until parsed (or for a notification)."""
         return self.parsed.request_id if self.parsed is not None else None
+
+    def adopt(self, member: Exchange) -> None:
+        """Take over what happened to ``member``, the exchange that served this one for it (a
+        call on ``POST /mcp`` is served as a request to one member); the route's name stays."""
+        for name, value in vars(member).items():
+            if name not in ("request", "upstream_name"):
+                setattr(self, name, value)
 
     def cache_status(self) -> str:
         """The ``Cache-Status`` value of what has happened so far (RFC 9211)."""

@@ -38,7 +38,7 @@ from ..cluster import Cluster, Flight
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
-from ..protocol import response_id_matches
+from ..protocol import H_NAME, encode_header_value, response_id_matches
 from ..sse import SSEParser
 from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
@@ -141,7 +141,7 @@ class Forwarder:
                 headers={"Retry-After": "1"},
             )
         try:
-            headers = upstream.request_headers(ex.request.headers, allow_authorization=self.allow_authorization)
+            headers = self.request_headers(ex, upstream)
         except GatewayError as err:
             err.request_id = ex.request_id
             raise
@@ -175,6 +175,18 @@ class Forwarder:
                 upstream.inflight -= 1
             ex.upstream_seconds = time.perf_counter() - started
 
+    def request_headers(self, ex: Exchange, upstream: Upstream) -> CIMultiDict[str]:
+        """The headers ``ex`` is sent upstream with (:meth:`Upstream.request_headers`), its
+        ``Mcp-Name`` replaced by ``ex.mcp_name`` when that is set (``POST /mcp``).
+
+        Raises:
+            HeaderMismatch: a header cannot be passed on unchanged.
+        """
+        headers = upstream.request_headers(ex.request.headers, allow_authorization=self.allow_authorization)
+        if ex.mcp_name is not None:
+            headers[H_NAME] = encode_header_value(ex.mcp_name)
+        return headers
+
     async def close_streams(self) -> None:
         """End every SSE answer being relayed (the app's ``on_shutdown``): each caller still
         waiting for its response gets a JSON-RPC error event (-32603) and a clean end of stream
@@ -202,7 +214,7 @@ class Forwarder:
         if self.refresh_backoff.waiting(key, now):
             return
         try:
-            headers = upstream.request_headers(ex.request.headers, allow_authorization=self.allow_authorization)
+            headers = self.request_headers(ex, upstream)
         except GatewayError:
             return
         if self.coalescer.claim(key) is not None:  # cannot be: checked above, and nothing awaited since
@@ -253,7 +265,7 @@ class Forwarder:
                 result = "refused"  # purged meanwhile: this answer may be what the purge was for
             elif result == STORED:
                 assert isinstance(message, dict)
-                entry = self._build(upstream.name, message)
+                entry = self.build(upstream.name, message)
                 if entry is None or not self.store.put(key, entry):
                     result, entry = "refused", None
             self.metrics.cache_stores.labels(upstream.name, method, result).inc()
@@ -282,7 +294,7 @@ class Forwarder:
             self.coalescer.release(key, released)
             self.metrics.cache_refreshes.labels(upstream.name, method, outcome).inc()
 
-    def _build(self, upstream: str, message: dict[str, Any]) -> CacheEntry | None:
+    def build(self, upstream: str, message: dict[str, Any]) -> CacheEntry | None:
         stale_if_error_ms, refresh_ahead = self.entry_options[upstream]
         return build_entry(
             message, self.clock(), self.max_ttl_ms, stale_if_error_ms=stale_if_error_ms, refresh_ahead=refresh_ahead
@@ -426,7 +438,7 @@ class Forwarder:
         entry: CacheEntry | None = None
         if result == STORED:
             assert isinstance(message, dict)
-            entry = self._build(upstream.name, message)
+            entry = self.build(upstream.name, message)
             if entry is None or not self.store.put(ex.key, entry):
                 result, entry = "refused", None
         elif result in _SUPERSEDING:

@@ -402,14 +402,17 @@ class Proxy:
         request.app.logger.exception("unhandled error on %s %s", request.method, request.path)
         return self.error(ex, GatewayError("Internal error in the gateway"))
 
-    def record(self, ex: Exchange, response: web.StreamResponse | None, started: float) -> None:
-        """The request's record, to the journal (metrics and access log, in batches)."""
+    def record(
+        self, ex: Exchange, response: web.StreamResponse | None, started: float, label: str | None = None
+    ) -> None:
+        """The request's record, to the journal (metrics and access log, in batches), under the
+        upstream label ``label`` (default: the upstream's name, ``unknown`` for names not configured)."""
         ended = time.perf_counter()
         self.journal.add(
             # Positional, in the order of RequestRecord's fields: a third of the cost of keywords,
             # and every request, hits included, builds one.
             RequestRecord(
-                ex.upstream_name if ex.upstream_name in self.upstreams else "unknown",
+                label or (ex.upstream_name if ex.upstream_name in self.upstreams else "unknown"),
                 ex.method,
                 ex.request.method,
                 response.status if response is not None else 499,  # the caller went away first

@@ -1,0 +1,11 @@
+"""``POST /mcp``: the fleet as one MCP server, composed from the per-upstream cache.
+
+Modules, lower first: ``names`` (exposed names, URIs and the gateway's cursors), ``rewrite``
+(a caller's body for a member, one value changed), ``compose`` (hints, items, discover; no I/O),
+``parts`` (one member's answer through the cache), ``listen`` (the listening clients), ``handler``
+(the route).
+"""
+
+from .handler import ROUTE, Aggregate
+
+__all__ = ["ROUTE", "Aggregate"]

@@ -1,0 +1,154 @@
+"""Composing the members' answers into one (no I/O): the items under their exposed names, the
+cache hints of the whole, and ``server/discover``.
+
+Hints (MCP 2026-07-28, server/utilities/caching, 'Cacheable Results'): the aggregate is fresh
+for as long as its stalest part (``ttlMs`` the least time left among the parts) and ``"public"``
+only when every part is. An answer with a member left out is given ``ttlMs`` 0: it must not
+outlive the failure that made it.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ..cache import CacheEntry, CacheKey
+from .names import Names
+
+__all__ = ["LIST_FIELDS", "ComposedEntry", "Part", "capabilities_union", "exposed_items", "hints", "supported_versions"]
+
+#: The list methods and the field of their result that holds the items.
+LIST_FIELDS: Final[Mapping[str, str]] = {
+    "tools/list": "tools",
+    "prompts/list": "prompts",
+    "resources/list": "resources",
+    "resources/templates/list": "resourceTemplates",
+}
+#: The field of an item that is exposed under another name, per list method.
+_ITEM_NAME: Final[Mapping[str, str]] = {
+    "tools/list": "name",
+    "prompts/list": "name",
+    "resources/list": "uri",
+    "resources/templates/list": "uriTemplate",
+}
+#: Extensions whose methods ``POST /mcp`` does not route (a task's id names no member).
+_UNROUTED_EXTENSIONS: Final = frozenset({"io.modelcontextprotocol/tasks"})
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One member's answer to one request (a page of a list, or its ``server/discover``).
+
+    ``result`` is the JSON-RPC result; ``ttl_ms`` its freshness left when read (milliseconds);
+    ``public`` whether its ``cacheScope`` is ``"public"``; ``key`` and ``entry`` the cache entry it
+    was read from or stored as (``None`` when it is not stored: private, no ``ttlMs``, ...);
+    ``stale`` it is an expired entry answering for a member that failed (stale-if-error).
+    """
+
+    result: Mapping[str, Any]
+    ttl_ms: int
+    public: bool
+    key: CacheKey | None = None
+    entry: CacheEntry | None = None
+    stale: bool = False
+
+
+def exposed_items(method: str, member: str, items: object, names: Names) -> list[Any]:
+    """``member``'s list items under their exposed names (:class:`~gateway.aggregate.names.Names`),
+    every other field as the member listed it. Items without a string name are left out: they
+    could not be called or read through ``/mcp``."""
+    if not isinstance(items, list):
+        return []
+    field = _ITEM_NAME[method]
+    expose = names.expose if field == "name" else names.expose_uri
+    out = []
+    for item in items:
+        if isinstance(item, dict) and type(value := item.get(field)) is str:
+            out.append({**item, field: expose(member, value)})
+    return out
+
+
+def hints(parts: Iterable[Part], complete: bool) -> tuple[int, str]:
+    """``(ttlMs, cacheScope)`` of an answer made of ``parts``; ``complete`` is false when a member
+    was left out (then ``ttlMs`` is 0)."""
+    ttl_ms = math.inf
+    public = True
+    for part in parts:
+        ttl_ms = min(ttl_ms, part.ttl_ms)
+        public = public and part.public
+    if not complete or ttl_ms == math.inf:
+        ttl_ms = 0
+    return int(ttl_ms), "public" if public else "private"
+
+
+def supported_versions(results: Sequence[Mapping[str, Any]], known: Iterable[str]) -> list[str]:
+    """The versions every one of ``results`` (``server/discover`` results) lists, among ``known``."""
+    common = set(known)
+    for result in results:
+        listed = result.get("supportedVersions")
+        common &= {v for v in listed if type(v) is str} if isinstance(listed, list) else set()
+    return sorted(common, reverse=True)
+
+
+def capabilities_union(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The union of the members' ``ServerCapabilities``: a feature any member has, with
+    ``listChanged`` if any member's has it. Not ``resources.subscribe`` (a listen stream on
+    ``/mcp`` does not take ``resourceSubscriptions``), nor ``logging`` (no ``logging/setLevel``
+    there), nor extensions whose methods ``/mcp`` cannot route."""
+    union: dict[str, Any] = {}
+    for result in results:
+        caps = result.get("capabilities")
+        if not isinstance(caps, dict):
+            continue
+        for feature in ("tools", "prompts", "resources"):
+            if isinstance(got := caps.get(feature), dict):
+                merged = union.setdefault(feature, {})
+                if got.get("listChanged") is True:
+                    merged["listChanged"] = True
+        if isinstance(caps.get("completions"), dict):
+            union["completions"] = {}
+        for group in ("experimental", "extensions"):
+            if isinstance(got := caps.get(group), dict):
+                for name, settings in got.items():
+                    if name not in _UNROUTED_EXTENSIONS:
+                        union.setdefault(group, {}).setdefault(name, settings)
+    return union
+
+
+@dataclass(frozen=True, slots=True)
+class ComposedEntry(CacheEntry):
+    """A stored answer of ``POST /mcp``, with the member entries it was made of (``parts``: their
+    keys and weak references). It answers only while each of them is still the one stored: a
+    member entry that expired, was purged or was fetched again makes it stale at once, whatever
+    told this process (a notification, a purge, another replica)."""
+
+    parts: tuple[tuple[CacheKey, weakref.ReferenceType[CacheEntry]], ...] = ()
+
+    def current(self, get: Callable[[CacheKey], CacheEntry | None]) -> bool:
+        """Whether every part is still what ``get`` (the store's lookup) finds under its key."""
+        for key, ref in self.parts:
+            entry = ref()
+            if entry is None or get(key) is not entry:
+                return False
+        return True
+
+    @classmethod
+    def of(cls, entry: CacheEntry, parts: Iterable[Part]) -> ComposedEntry:
+        """``entry`` (the rendered answer) made of ``parts``, each stored (``part.entry`` set).
+        Its size counts the part keys it holds too."""
+        held = tuple((part.key, weakref.ref(part.entry)) for part in parts if part.key and part.entry)
+        keys_size = sum(len(key.params) + len(key.method) + 64 for key, _ in held)
+        return cls(
+            entry.head,
+            entry.tail,
+            entry.stored_at,
+            entry.expires_at,
+            entry.ttl_ms,
+            entry.size + keys_size,
+            entry.keep_until,
+            entry.refresh_at,
+            held,
+        )

@@ -1,0 +1,154 @@
+"""``subscriptions/listen`` on ``POST /mcp``: served from the gateway's own listen streams.
+
+No upstream stream is opened for a client. The registry holds one listen stream per member (on
+one replica of a cluster), and every list change it hears reaches every process as an
+invalidation (:class:`~gateway.cache.Invalidation`, reason ``notification``; ``stream_lost`` when a
+stream ended without its result and changes may have been missed). The hub hears each one in
+this process (:attr:`~gateway.cache.MemoryStore.on_purge`) and tells each listening client that
+asked for that kind of change (MCP 2026-07-28, basic/patterns/subscriptions: the acknowledgement
+first, then only the notifications asked for, each with the listen request's id as
+``subscriptionId``; the graceful end is the listen request's result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Final
+
+from aiohttp import web
+
+from ..cache import CacheKey, Invalidation
+from ..codec import dumps
+from ..errors import Overloaded
+
+__all__ = ["KEEPALIVE_S", "ListenHub"]
+
+SUBSCRIPTION_ID_KEY: Final = "io.modelcontextprotocol/subscriptionId"
+#: A comment line this often keeps an idle stream's proxies and clients from timing it out.
+KEEPALIVE_S: Final = 15.0
+#: Filter flag -> (the list methods whose change it is about, the notification it asks for).
+FLAGS: Final[Mapping[str, tuple[frozenset[str], str]]] = {
+    "toolsListChanged": (frozenset({"tools/list"}), "notifications/tools/list_changed"),
+    "promptsListChanged": (frozenset({"prompts/list"}), "notifications/prompts/list_changed"),
+    "resourcesListChanged": (
+        frozenset({"resources/list", "resources/templates/list"}),
+        "notifications/resources/list_changed",
+    ),
+}
+#: Invalidation reasons that mean a member's lists changed, or may have.
+_CHANGES: Final = frozenset({"notification", "stream_lost"})
+
+
+class _Client:
+    """One client's stream: its id, the flags it was granted, what is waiting to be sent."""
+
+    def __init__(self, request_id: object, flags: Collection[str]) -> None:
+        self.request_id = request_id
+        self.flags = flags
+        self.pending: asyncio.Queue[str | None] = asyncio.Queue()  # a flag, or None: end
+
+    def event(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        """An SSE event of notification ``method`` on this subscription."""
+        body = {**(params or {}), "_meta": {SUBSCRIPTION_ID_KEY: self.request_id}}
+        return b"event: message\ndata: " + dumps({"jsonrpc": "2.0", "method": method, "params": body}) + b"\n\n"
+
+
+class ListenHub:
+    """The listening clients of ``/mcp``; ``members`` are the upstreams whose changes count."""
+
+    def __init__(self, members: Collection[str], max_streams: int, write_timeout_s: float) -> None:
+        self.members = frozenset(members)
+        self.max_streams = max_streams
+        self.write_timeout_s = write_timeout_s
+        self.clients: set[_Client] = set()
+
+    def purged(self, predicate: Callable[[CacheKey], bool], reason: str) -> None:
+        """A :attr:`~gateway.cache.MemoryStore.on_purge` listener: a member's list changed."""
+        if reason not in _CHANGES or not isinstance(predicate, Invalidation) or not self.clients:
+            return
+        if predicate.upstream is not None and predicate.upstream not in self.members:
+            return
+        for flag, (methods, _) in FLAGS.items():
+            if predicate.methods is None or methods & set(predicate.methods):
+                for client in self.clients:
+                    if flag in client.flags:
+                        client.pending.put_nowait(flag)
+
+    def granted(self, requested: object, offered: Collection[str]) -> dict[str, bool]:
+        """The part of a client's filter this hub honours: the list flags some member can report
+        (``offered``); ``resourceSubscriptions`` and unknown fields are left out."""
+        if not isinstance(requested, dict):
+            return {}
+        return {flag: True for flag in FLAGS if requested.get(flag) is True and flag in offered}
+
+    async def serve(
+        self, request: web.Request, request_id: object, requested: object, offered: Collection[str]
+    ) -> web.StreamResponse:
+        """Answer a listen request: the acknowledgement, then the changes until the client goes
+        away or the gateway shuts down (then the listen result, and the stream ends).
+
+        Raises:
+            Overloaded: ``max_listen_streams`` clients are listening (HTTP 503).
+        """
+        if len(self.clients) >= self.max_streams:
+            raise Overloaded(
+                f"/mcp has {len(self.clients)} listen streams open; retry later",
+                request_id=request_id,
+                headers={"Retry-After": "1"},
+            )
+        granted = self.granted(requested, offered)
+        client = _Client(request_id, granted)
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
+        out.headers["X-Accel-Buffering"] = "no"
+        self.clients.add(client)
+        try:
+            await out.prepare(request)
+            await self._send(
+                request, out, client.event("notifications/subscriptions/acknowledged", {"notifications": granted})
+            )
+            while True:
+                try:
+                    flag = await asyncio.wait_for(client.pending.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await self._send(request, out, b": keep-alive\n\n")
+                    continue
+                if flag is None:
+                    break
+                sent = {flag}
+                while not client.pending.empty():  # one notification per kind for a burst
+                    more = client.pending.get_nowait()
+                    if more is None:
+                        break
+                    sent.add(more)
+                for name in FLAGS:
+                    if name in sent:
+                        await self._send(request, out, client.event(FLAGS[name][1]))
+            result = {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_KEY: request_id}}
+            final = dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+            await self._send(request, out, b"event: message\ndata: " + final + b"\n\n")
+            await out.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away: its subscription ends with it
+        finally:
+            self.clients.discard(client)
+        return out
+
+    async def _send(self, request: web.Request, out: web.StreamResponse, data: bytes) -> None:
+        """Write ``data`` within the write deadline; a client that stops reading is dropped.
+
+        Raises:
+            ConnectionResetError: the client went away or stopped reading.
+        """
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await out.write(data)
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the client stopped reading") from None
+
+    def close(self) -> None:
+        """End every stream gracefully (the app's shutdown)."""
+        for client in self.clients:
+            client.pending.put_nowait(None)

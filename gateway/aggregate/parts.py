@@ -1,0 +1,176 @@
+"""One member's answer to one request of ``POST /mcp``, through the same cache as its own route.
+
+A part is looked up under the key ``/servers/<member>/mcp`` would use for the same request
+(:func:`~gateway.cache.make_key`), so that either route warms the other. A miss joins the
+request to that key already on its way (the proxy's coalescer), or with ``[cluster]`` the shared
+tier, or goes to the member and stores what may be stored, as the proxy does
+(:mod:`gateway.proxy.forward`). The answer is read whole: a part is composed, not relayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import hdrs, web
+
+from ..cache import STORED, CacheEntry, CacheKey, Failed, Stale, make_key, store_outcome
+from ..cluster import Flight
+from ..codec import loads
+from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
+from ..protocol import ParsedRequest
+from ..proxy import Proxy
+from ..proxy.fetch import fetch_answer
+from ..upstream import Upstream
+from .compose import Part
+
+__all__ = ["MemberFailed", "PartFetcher"]
+
+#: What a member may fail with and be left out for (the rest of the answer is still served).
+MemberFailed = (BadGateway, GatewayTimeout, Overloaded)
+
+
+class PartFetcher:
+    """Fetches parts for ``POST /mcp`` with ``proxy``'s cache, coalescer and shared tier."""
+
+    def __init__(self, proxy: Proxy) -> None:
+        self.proxy = proxy
+        self.forwarder = proxy.forwarder
+        self.store = proxy.store
+        self.clock = proxy.clock
+
+    def key(self, upstream: Upstream, parsed: ParsedRequest, request: web.Request) -> CacheKey | None:
+        """The key of ``parsed`` on ``upstream``'s own route, ``None`` when it is not cached there."""
+        if parsed.cache_bypass is not None or not self.proxy.caching:
+            return None
+        vary, forward_authorization = self.proxy.key_options[upstream.name]
+        authorization = request.headers.get(hdrs.AUTHORIZATION, "") if forward_authorization else None
+        try:
+            return make_key(upstream.name, parsed, vary, authorization)
+        except ValueError:
+            return None
+
+    async def fetch(self, upstream: Upstream, parsed: ParsedRequest, body: bytes, request: web.Request) -> Part:
+        """``upstream``'s answer to ``body`` (``parsed``), sent with ``request``'s headers.
+
+        Raises:
+            BadGateway, GatewayTimeout, Overloaded: the member failed (or is at ``max_inflight``)
+                and no stale entry of it may answer.
+            InvalidParams, and other :class:`GatewayError`: the member answered a JSON-RPC error
+                (raised as :class:`MemberError`).
+        """
+        key = self.key(upstream, parsed, request)
+        if key is None:
+            return await self._send(upstream, None, body, request, parsed)
+        entry = self.store.get(key)
+        if entry is not None:
+            return self._from_entry(key, entry)
+        waiter = self.proxy.coalescer.claim(key)
+        if waiter is None:
+            return await self._lead(upstream, key, body, request, parsed)
+        got = await asyncio.shield(waiter)
+        if isinstance(got, CacheEntry):
+            return self._from_entry(key, got)
+        if isinstance(got, Stale):
+            return self._from_entry(key, got.entry, stale=True)
+        if isinstance(got, Failed):
+            raise type(got.error)(got.error.message, request_id=parsed.request_id)
+        return await self._send(upstream, None, body, request, parsed)  # not storable: ours alone
+
+    async def _lead(
+        self, upstream: Upstream, key: CacheKey, body: bytes, request: web.Request, parsed: ParsedRequest
+    ) -> Part:
+        """Fetch ``key`` for everyone waiting on it (this request leads its coalescer)."""
+        cluster = self.proxy.cluster
+        released: CacheEntry | Stale | Failed | None = None
+        flight: Flight | None = None
+        try:
+            if cluster is not None:
+                found = await cluster.lookup(key, upstream.config.timeout_s)
+                if found.entry is not None:
+                    self.store.put(key, found.entry)
+                    released = found.entry
+                    return self._from_entry(key, found.entry)
+                flight = found.flight
+                if found.stale is not None:
+                    self.store.put_stale(key, found.stale)
+            try:
+                part = await self._send(upstream, key, body, request, parsed, flight)
+            except MemberFailed as err:
+                self.forwarder.backoff.failed(key, self.clock())
+                stale = self.store.stale(key)
+                if stale is None:
+                    released = Failed(err)
+                    raise
+                released = Stale(stale)
+                return self._from_entry(key, stale, stale=True)
+            released = part.entry
+            return part
+        finally:
+            self.proxy.coalescer.release(key, released)
+            if flight is not None and cluster is not None:
+                cluster.finish(flight, key, None)  # a no-op once finished with the entry
+
+    async def _send(
+        self,
+        upstream: Upstream,
+        key: CacheKey | None,
+        body: bytes,
+        request: web.Request,
+        parsed: ParsedRequest,
+        flight: Flight | None = None,
+    ) -> Part:
+        """Send ``body`` to ``upstream`` and read the answer whole; store it under ``key`` when
+        the cache policy allows (:func:`~gateway.cache.store_outcome`)."""
+        if upstream.inflight >= upstream.config.max_inflight:
+            raise Overloaded(f"upstream {upstream.name} has {upstream.inflight} requests in flight")
+        headers = upstream.request_headers(request.headers, allow_authorization=self.forwarder.allow_authorization)
+        purges = self.store.purges
+        upstream.inflight += 1
+        try:
+            status, message, size = await fetch_answer(upstream, body, headers, parsed.request_id)
+        finally:
+            upstream.inflight -= 1
+        if status >= 500 or "error" in message:
+            raise MemberError.of(upstream.name, status, message, parsed.request_id)
+        result = message.get("result")
+        if not isinstance(result, dict):
+            raise BadGateway(f"upstream {upstream.name} answered without a result", request_id=parsed.request_id)
+        entry: CacheEntry | None = None
+        if key is not None:
+            outcome = store_outcome(status, message, size, self.forwarder.max_entry_bytes)
+            if outcome == STORED and self.store.purges == purges:
+                entry = self.forwarder.build(upstream.name, message)
+                if entry is None or not self.store.put(key, entry):
+                    outcome, entry = "refused", None
+            self.forwarder.metrics.cache_stores.labels(upstream.name, parsed.method or "", outcome).inc()
+            self.forwarder.update_size_gauges()
+            self.forwarder.backoff.succeeded(key)
+            cluster = self.proxy.cluster
+            if cluster is not None:
+                if flight is not None:
+                    cluster.finish(flight, key, entry)
+                elif entry is not None:
+                    cluster.share(key, entry)
+        if entry is not None:
+            return Part(result, entry.ttl_ms, True, key, entry)
+        ttl = result.get("ttlMs")
+        ttl_ms = ttl if type(ttl) is int and ttl > 0 else 0
+        return Part(result, ttl_ms, result.get("cacheScope") == "public")
+
+    def _from_entry(self, key: CacheKey, entry: CacheEntry, *, stale: bool = False) -> Part:
+        """The part a cache entry holds, with the freshness it has left (0 for a stale one)."""
+        now = self.clock()
+        message: dict[str, Any] = loads(entry.response(b"0", now))
+        ttl_ms = 0 if stale else entry.remaining_ms(now)
+        return Part(message["result"], ttl_ms, True, key, None if stale else entry, stale)
+
+
+class MemberError(GatewayError):
+    """A member answered a JSON-RPC error (or HTTP 5xx): it is left out of a composed answer."""
+
+    @classmethod
+    def of(cls, member: str, status: int, message: Any, request_id: object) -> MemberError:
+        err = message.get("error") if isinstance(message, dict) else None
+        detail = err.get("message") if isinstance(err, dict) else None
+        return cls(f"upstream {member} answered HTTP {status}: {detail!r}", request_id=request_id)
