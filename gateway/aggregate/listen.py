@@ -36,8 +36,9 @@ FLAGS: Final[Mapping[str, tuple[frozenset[str], str]]] = {
         "notifications/resources/list_changed",
     ),
 }
-#: Invalidation reasons that mean a member's lists changed, or may have.
-_CHANGES: Final = frozenset({"notification", "stream_lost"})
+#: Invalidation reasons that mean a member's lists changed, or may have (``stream_lost``: a
+#: member's stream ended without its result; ``cluster``: this process lost the shared event feed).
+_CHANGES: Final = frozenset({"notification", "stream_lost", "cluster"})
 
 
 class _Client:
@@ -65,12 +66,16 @@ class ListenHub:
 
     def purged(self, predicate: Callable[[CacheKey], bool], reason: str) -> None:
         """A :attr:`~gateway.cache.MemoryStore.on_purge` listener: a member's list changed."""
-        if reason not in _CHANGES or not isinstance(predicate, Invalidation) or not self.clients:
+        if reason not in _CHANGES or not self.clients:
             return
-        if predicate.upstream is not None and predicate.upstream not in self.members:
+        # Anything but an Invalidation is "every entry": every list may have changed.
+        upstream, changed = (
+            (predicate.upstream, predicate.methods) if isinstance(predicate, Invalidation) else (None, None)
+        )
+        if upstream is not None and upstream not in self.members:
             return
         for flag, (methods, _) in FLAGS.items():
-            if predicate.methods is None or methods & set(predicate.methods):
+            if changed is None or methods & set(changed):
                 for client in self.clients:
                     if flag in client.flags:
                         client.pending.put_nowait(flag)

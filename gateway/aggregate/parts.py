@@ -84,7 +84,13 @@ class PartFetcher:
         cluster = self.proxy.cluster
         released: CacheEntry | Stale | Failed | None = None
         flight: Flight | None = None
+        backoff = self.forwarder.backoff
         try:
+            # A member failing just now, with a stale entry kept (stale-if-error): that answers,
+            # without the member being asked again until its backoff ends (as on its own route).
+            if backoff.waiting(key, self.clock()) and (stale := self.store.stale(key)) is not None:
+                released = Stale(stale)
+                return self._from_entry(key, stale, stale=True)
             if cluster is not None:
                 found = await cluster.lookup(key, upstream.config.timeout_s)
                 if found.entry is not None:
@@ -97,7 +103,7 @@ class PartFetcher:
             try:
                 part = await self._send(upstream, key, body, request, parsed, flight)
             except MemberFailed as err:
-                self.forwarder.backoff.failed(key, self.clock())
+                backoff.failed(key, self.clock())
                 stale = self.store.stale(key)
                 if stale is None:
                     released = Failed(err)

@@ -14,7 +14,7 @@ class RequestRecord(NamedTuple):
     read a batch of them column by column (``RequestRecord._make(zip(*batch))``).
     """
 
-    #: Configured upstream name, or ``unknown``.
+    #: Configured upstream name, ``/mcp`` for the aggregate route (gateway.aggregate), or ``unknown``.
     upstream: str
     #: MCP method label (``gateway.protocol.method_label``): a known method or ``other``.
     method: str
