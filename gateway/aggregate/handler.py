@@ -39,6 +39,7 @@ from ..errors import BadGateway, GatewayError, InvalidParams, NotFound, Unsuppor
 from ..protocol import MODERN_VERSIONS, NAME_FIELD, ParsedRequest, method_label, parse_request
 from ..proxy import Proxy
 from ..proxy.exchange import LARGE_BODY_BYTES, Exchange
+from ..proxy.forward import error_code
 from ..registry import RegistryState
 from .compose import LIST_FIELDS, ComposedEntry, Part, capabilities_union, exposed_items, hints, supported_versions
 from .listen import FLAGS, ListenHub
@@ -176,6 +177,8 @@ class Aggregate:
                 request_id=parsed.request_id,
             )
         member, own = target
+        if method == "resources/read":
+            return await self.read(ex, parsed, member, own)
         if method == "completion/complete":
             params["ref"] = {**params["ref"], field: own}
         else:
@@ -193,6 +196,53 @@ class Aggregate:
             return await self.proxy.answer(member_ex, member_ex.parsed)
         finally:
             ex.adopt(member_ex)
+
+    async def read(self, ex: Exchange, parsed: ParsedRequest, member: str, uri: str) -> web.StreamResponse:
+        """``resources/read`` of ``uri`` on ``member``: the member's own read through its cache
+        entry (:mod:`.parts`), answered with each ``contents[].uri`` exposed as ``/mcp`` lists it,
+        so that a sub-resource a read returns can be read through ``/mcp`` too; stored as a
+        composed answer of that one part. A JSON-RPC error of the member is relayed as it came."""
+        key = ex.key = self.composed_key(ex, parsed)
+        store = self.proxy.store
+        if key is not None:
+            entry = store.get(key)
+            if isinstance(entry, ComposedEntry) and entry.current(store.get):
+                return self.proxy.hit(ex, entry, collapsed=False)
+        assert ex.body is not None and parsed.params is not None
+        body = replace_value(ex.body, ("params", "uri"), uri)
+        params = {**parsed.params, "uri": uri}
+        member_parsed = ParsedRequest(
+            parsed.kind, parsed.request_id, parsed.method, parsed.era, parsed.version, params, parsed.cache_bypass
+        )
+        ex.cache = ex.lookup = "miss" if key is not None else "bypass"
+        ex.fwd = "miss" if key is not None else "bypass"
+        try:
+            part = await self.parts.fetch(self.proxy.upstreams[member], member_parsed, body, ex.request, uri)
+        except MemberError as err:
+            ex.error_code = error_code(err.answer)
+            ex.detail = "error"
+            return web.Response(
+                body=dumps(err.answer),
+                status=err.status,
+                headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()},
+            )
+        result = dict(part.result)
+        contents = result.get("contents")
+        if isinstance(contents, list):
+            result["contents"] = [
+                {**c, "uri": self.names.expose_uri(member, c["uri"])}
+                if isinstance(c, dict) and type(c.get("uri")) is str
+                else c
+                for c in contents
+            ]
+        message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
+        if key is not None and part.entry is not None:
+            self._store(ex, key, message, [part])
+        elif key is not None:
+            ex.detail = "stale" if part.stale else "not-stored"
+        body = dumps(message)
+        ex.large = len(body) > LARGE_BODY_BYTES
+        return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
 
     # -- listen -------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from ..cache import STORED, CacheEntry, CacheKey, Failed, Stale, make_key, store
 from ..cluster import Flight
 from ..codec import loads
 from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
-from ..protocol import ParsedRequest
+from ..protocol import H_NAME, ParsedRequest, encode_header_value
 from ..proxy import Proxy
 from ..proxy.fetch import fetch_answer
 from ..upstream import Upstream
@@ -50,24 +50,26 @@ class PartFetcher:
         except ValueError:
             return None
 
-    async def fetch(self, upstream: Upstream, parsed: ParsedRequest, body: bytes, request: web.Request) -> Part:
-        """``upstream``'s answer to ``body`` (``parsed``), sent with ``request``'s headers.
+    async def fetch(
+        self, upstream: Upstream, parsed: ParsedRequest, body: bytes, request: web.Request, mcp_name: str | None = None
+    ) -> Part:
+        """``upstream``'s answer to ``body`` (``parsed``), sent with ``request``'s headers and, when
+        given, ``mcp_name`` as its ``Mcp-Name``.
 
         Raises:
             BadGateway, GatewayTimeout, Overloaded: the member failed (or is at ``max_inflight``)
                 and no stale entry of it may answer.
-            InvalidParams, and other :class:`GatewayError`: the member answered a JSON-RPC error
-                (raised as :class:`MemberError`).
+            MemberError: the member answered a JSON-RPC error (or HTTP 5xx).
         """
         key = self.key(upstream, parsed, request)
         if key is None:
-            return await self._send(upstream, None, body, request, parsed)
+            return await self._send(upstream, None, body, request, parsed, mcp_name)
         entry = self.store.get(key)
         if entry is not None:
             return self._from_entry(key, entry)
         waiter = self.proxy.coalescer.claim(key)
         if waiter is None:
-            return await self._lead(upstream, key, body, request, parsed)
+            return await self._lead(upstream, key, body, request, parsed, mcp_name)
         got = await asyncio.shield(waiter)
         if isinstance(got, CacheEntry):
             return self._from_entry(key, got)
@@ -75,10 +77,16 @@ class PartFetcher:
             return self._from_entry(key, got.entry, stale=True)
         if isinstance(got, Failed):
             raise type(got.error)(got.error.message, request_id=parsed.request_id)
-        return await self._send(upstream, None, body, request, parsed)  # not storable: ours alone
+        return await self._send(upstream, None, body, request, parsed, mcp_name)  # not storable: ours alone
 
     async def _lead(
-        self, upstream: Upstream, key: CacheKey, body: bytes, request: web.Request, parsed: ParsedRequest
+        self,
+        upstream: Upstream,
+        key: CacheKey,
+        body: bytes,
+        request: web.Request,
+        parsed: ParsedRequest,
+        mcp_name: str | None,
     ) -> Part:
         """Fetch ``key`` for everyone waiting on it (this request leads its coalescer)."""
         cluster = self.proxy.cluster
@@ -101,7 +109,7 @@ class PartFetcher:
                 if found.stale is not None:
                     self.store.put_stale(key, found.stale)
             try:
-                part = await self._send(upstream, key, body, request, parsed, flight)
+                part = await self._send(upstream, key, body, request, parsed, mcp_name, flight)
             except MemberFailed as err:
                 backoff.failed(key, self.clock())
                 stale = self.store.stale(key)
@@ -124,6 +132,7 @@ class PartFetcher:
         body: bytes,
         request: web.Request,
         parsed: ParsedRequest,
+        mcp_name: str | None = None,
         flight: Flight | None = None,
     ) -> Part:
         """Send ``body`` to ``upstream`` and read the answer whole; store it under ``key`` when
@@ -131,6 +140,8 @@ class PartFetcher:
         if upstream.inflight >= upstream.config.max_inflight:
             raise Overloaded(f"upstream {upstream.name} has {upstream.inflight} requests in flight")
         headers = upstream.request_headers(request.headers, allow_authorization=self.forwarder.allow_authorization)
+        if mcp_name is not None:
+            headers[H_NAME] = encode_header_value(mcp_name)
         purges = self.store.purges
         upstream.inflight += 1
         try:
@@ -173,10 +184,18 @@ class PartFetcher:
 
 
 class MemberError(GatewayError):
-    """A member answered a JSON-RPC error (or HTTP 5xx): it is left out of a composed answer."""
+    """A member answered a JSON-RPC error (or HTTP 5xx): it is left out of a composed answer, and
+    a read relays it (``answer``, the member's response, and its HTTP ``status``)."""
+
+    def __init__(self, message: str, *, request_id: object, answer: Any, status: int) -> None:
+        super().__init__(message, request_id=request_id)
+        self.answer = answer
+        self.status = status
 
     @classmethod
-    def of(cls, member: str, status: int, message: Any, request_id: object) -> MemberError:
-        err = message.get("error") if isinstance(message, dict) else None
+    def of(cls, member: str, status: int, answer: Any, request_id: object) -> MemberError:
+        err = answer.get("error") if isinstance(answer, dict) else None
         detail = err.get("message") if isinstance(err, dict) else None
-        return cls(f"upstream {member} answered HTTP {status}: {detail!r}", request_id=request_id)
+        return cls(
+            f"upstream {member} answered HTTP {status}: {detail!r}", request_id=request_id, answer=answer, status=status
+        )
