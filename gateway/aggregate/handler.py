@@ -247,11 +247,15 @@ class Aggregate:
     # -- listen -------------------------------------------------------------------------------
 
     async def listen(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
-        """A listen stream from the hub; it offers the list flags some active member reports."""
+        """A listen stream from the hub; it offers the list flags some active member reports, or
+        may report (not probed yet, on this replica: its changes will reach the hub all the same)."""
         offered = set()
         if self.listening:
             for name in self.active():
-                caps = self.state.upstreams[name].capabilities or {}
+                caps = self.state.upstreams[name].capabilities
+                if caps is None:
+                    offered.update(FLAGS)
+                    break
                 for flag, (methods, _) in FLAGS.items():
                     feature = next(iter(methods)).split("/")[0]  # tools, prompts, resources
                     if isinstance(got := caps.get(feature), dict) and got.get("listChanged") is True:
