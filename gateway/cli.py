@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
 from .config import ConfigError, GatewayConfig, load_config
+from .httpserver import install_json_errors
 from .telemetry import ACCESS_LOGGER, MULTIPROC_DIR_ENV, AccessLogHandler, MultiProcessRegistry, quiet_server_errors
 
 __all__ = ["main"]
@@ -353,6 +354,7 @@ def serve(
         )
 
     socks = bind_listeners(bind_host, bind_port)
+    install_json_errors()  # aiohttp's answers to requests it cannot parse quote them: JSON-RPC errors instead
     if workers <= 1:
         try:
             run_one(socks)
