@@ -6,7 +6,7 @@ Public surface: :func:`create_app` builds the aiohttp application for a
 
 __version__ = "0.1.0"  # before the imports: gateway.aggregate names it in its serverInfo
 
-from .app import create_app  # noqa: E402
-from .config import ConfigError, GatewayConfig, load_config  # noqa: E402
+from .app import create_app
+from .config import ConfigError, GatewayConfig, load_config
 
 __all__ = ["ConfigError", "GatewayConfig", "create_app", "load_config"]

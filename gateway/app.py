@@ -23,7 +23,7 @@ from .config import GatewayConfig
 from .errors import GatewayError, Unauthorized, error_response
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
-from .registry import Registry, RegistryViews
+from .registry import AggregateListing, Registry, RegistryViews
 from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
@@ -175,8 +175,10 @@ def create_app(
     app.router.add_get("/metrics", guarded(_metrics_view(config, make_aiohttp_handler(metrics.registry))))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
+    listing: AggregateListing | None = None  # POST /mcp in /v0.1/servers
     if config.aggregate is not None:
         aggregate = Aggregate(config, proxy, registry.state)
+        listing = AggregateListing(ROUTE, aggregate.members, aggregate.names.separator, aggregate.active)
         store.on_purge = aggregate.hub.purged  # every invalidation in this process passes there
 
         async def end_listen_streams(app: web.Application) -> None:
@@ -186,7 +188,7 @@ def create_app(
         app.router.add_post(ROUTE, aggregate.handle_post)
         for method in ("GET", "DELETE"):
             app.router.add_route(method, ROUTE, aggregate.handle_other)
-    views = RegistryViews(config, registry.state)
+    views = RegistryViews(config, registry.state, listing)
     app.router.add_get("/v0.1/servers", guarded(views.servers))
     app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(views.server_versions))
     app.router.add_get("/v0.1/servers/{name:.+}/versions/{version}", guarded(views.server_version))

@@ -206,4 +206,3 @@ def id_json(request_id: object) -> bytes:
         return orjson.dumps(request_id)
     except TypeError:
         return dumps(request_id)
-

@@ -45,7 +45,8 @@ class Part:
     ``result`` is the JSON-RPC result; ``ttl_ms`` its freshness left when read (milliseconds);
     ``public`` whether its ``cacheScope`` is ``"public"``; ``key`` and ``entry`` the cache entry it
     was read from or stored as (``None`` when it is not stored: private, no ``ttlMs``, ...);
-    ``stale`` it is an expired entry answering for a member that failed (stale-if-error).
+    ``stale`` it is an expired entry answering for a member that failed (stale-if-error);
+    ``fetched`` the member was asked for it by this request (not read from the cache).
     """
 
     result: Mapping[str, Any]
@@ -54,6 +55,7 @@ class Part:
     key: CacheKey | None = None
     entry: CacheEntry | None = None
     stale: bool = False
+    fetched: bool = False
 
 
 def exposed_items(method: str, member: str, items: object, names: Names) -> list[Any]:

@@ -38,7 +38,7 @@ from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, InvalidParams, NotFound, UnsupportedProtocolVersion
 from ..protocol import MODERN_VERSIONS, NAME_FIELD, ParsedRequest, method_label, parse_request
 from ..proxy import Proxy
-from ..proxy.exchange import LARGE_BODY_BYTES, Exchange
+from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from ..proxy.forward import error_code
 from ..registry import RegistryState
 from .compose import LIST_FIELDS, ComposedEntry, Part, capabilities_union, exposed_items, hints, supported_versions
@@ -125,7 +125,10 @@ class Aggregate:
     async def handle_other(self, request: web.Request) -> web.Response:
         """``GET``/``DELETE /mcp``: a modern-only endpoint has no stream to open or session to
         end (MCP 2026-07-28, basic/transports/streamable-http: 405)."""
-        return web.Response(status=405, headers={"Allow": "POST"})
+        started = time.perf_counter()
+        response = web.Response(status=405, headers={"Allow": "POST"})
+        self.proxy.record(Exchange(request, ROUTE, request.method), response, started, ROUTE)
+        return response
 
     async def answer(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
         """Everything after the token check."""
@@ -214,11 +217,11 @@ class Aggregate:
         member_parsed = ParsedRequest(
             parsed.kind, parsed.request_id, parsed.method, parsed.era, parsed.version, params, parsed.cache_bypass
         )
-        ex.cache = ex.lookup = "miss" if key is not None else "bypass"
-        ex.fwd = "miss" if key is not None else "bypass"
         try:
             part = await self.parts.fetch(self.proxy.upstreams[member], member_parsed, body, ex.request, uri)
         except MemberError as err:
+            ex.cache = ex.lookup = "miss"
+            ex.fwd = "miss"
             ex.error_code = error_code(err.answer)
             ex.detail = "error"
             return web.Response(
@@ -236,10 +239,10 @@ class Aggregate:
                 for c in contents
             ]
         message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
+        ttl = result.get("ttlMs")
+        self._outcome(ex, [part], ttl if type(ttl) is int else 0, not part.stale)
         if key is not None and part.entry is not None:
             self._store(ex, key, message, [part])
-        elif key is not None:
-            ex.detail = "stale" if part.stale else "not-stored"
         body = dumps(message)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
@@ -249,7 +252,7 @@ class Aggregate:
     async def listen(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
         """A listen stream from the hub; it offers the list flags some active member reports, or
         may report (not probed yet, on this replica: its changes will reach the hub all the same)."""
-        offered = set()
+        offered: set[str] = set()
         if self.listening:
             for name in self.active():
                 caps = self.state.upstreams[name].capabilities
@@ -305,14 +308,25 @@ class Aggregate:
         ttl_ms, scope = hints(parts, complete)
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
         message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
-        ex.cache = ex.lookup = "miss"
-        ex.fwd = "miss"
-        ex.detail = "composed" if complete else "partial"
+        self._outcome(ex, parts, ttl_ms, complete)
         if key is not None and complete and scope == "public" and ttl_ms > 0 and all(p.entry for p in parts):
             self._store(ex, key, message, parts)
         body = dumps(message)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
+
+    @staticmethod
+    def _outcome(ex: Exchange, parts: Sequence[Part], ttl_ms: int, complete: bool) -> None:
+        """What the answer was, for ``Cache-Status`` and the record: a hit when no member was
+        asked (every part from the cache, none stale), else a miss ``detail=composed`` (or
+        ``partial``: a member left out, or stale)."""
+        if complete and not any(part.fetched for part in parts):
+            ex.cache = ex.lookup = "hit"
+            ex.hit = f"{hit_status(ttl_ms, False)}; detail=composed"
+        else:
+            ex.cache = ex.lookup = "miss"
+            ex.fwd = "miss"
+            ex.detail = "composed" if complete else "partial"
 
     def _store(self, ex: Exchange, key: CacheKey, message: dict[str, Any], parts: list[Part]) -> None:
         proxy = self.proxy
@@ -340,7 +354,7 @@ class Aggregate:
                 parts.append(part)
                 cursor = part.result.get("nextCursor") if parsed.method != "server/discover" else None
                 if type(cursor) is not str:
-                    return _MemberList(parts, not part.stale)
+                    return _MemberList(parts, not any(p.stale for p in parts))
                 params = {**params, "cursor": cursor}
                 body = with_cursor(body, cursor)
         except (*MemberFailed, MemberError) as err:

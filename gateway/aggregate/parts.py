@@ -170,10 +170,10 @@ class PartFetcher:
                 elif entry is not None:
                     cluster.share(key, entry)
         if entry is not None:
-            return Part(result, entry.ttl_ms, True, key, entry)
+            return Part(result, entry.ttl_ms, True, key, entry, fetched=True)
         ttl = result.get("ttlMs")
         ttl_ms = ttl if type(ttl) is int and ttl > 0 else 0
-        return Part(result, ttl_ms, result.get("cacheScope") == "public")
+        return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True)
 
     def _from_entry(self, key: CacheKey, entry: CacheEntry, *, stale: bool = False) -> Part:
         """The part a cache entry holds, with the freshness it has left (0 for a stale one)."""

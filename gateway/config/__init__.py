@@ -3,6 +3,7 @@ from TOML (:mod:`.load`)."""
 
 from .load import ConfigError, load_config, parse_config
 from .model import (
+    AGGREGATE_SERVER_NAME,
     UPSTREAM_NAME_PATTERN,
     AdminConfig,
     AggregateConfig,
@@ -16,6 +17,7 @@ from .model import (
 )
 
 __all__ = [
+    "AGGREGATE_SERVER_NAME",
     "UPSTREAM_NAME_PATTERN",
     "AdminConfig",
     "AggregateConfig",

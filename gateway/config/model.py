@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
 __all__ = [
+    "AGGREGATE_SERVER_NAME",
     "AdminConfig",
     "AuthConfig",
     "CacheConfig",
@@ -47,6 +48,8 @@ DEFAULT_KEY_PREFIX: Final = "mcp-gateway"
 DEFAULT_REDIS_TIMEOUT_S: Final = 0.25
 
 UPSTREAM_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+#: What ``/v0.1/servers`` calls ``POST /mcp`` (after the namespace); no upstream may have it then.
+AGGREGATE_SERVER_NAME: Final = "aggregate"
 
 
 class _Model(BaseModel):
@@ -348,6 +351,17 @@ class GatewayConfig(_Model):
                 raise ValueError(f"aggregate.upstreams: no upstream named {', '.join(map(repr, unknown))}")
             if len(set(self.aggregate.upstreams)) != len(self.aggregate.upstreams):
                 raise ValueError("aggregate.upstreams: a member is named twice")
+        return self
+
+    @model_validator(mode="after")
+    def _aggregate_name_free(self) -> GatewayConfig:
+        # /v0.1/servers lists POST /mcp as '<server_namespace>/aggregate' (gateway.registry.views).
+        if self.aggregate is not None and AGGREGATE_SERVER_NAME in self.upstreams:
+            raise ValueError(
+                f"upstreams.{AGGREGATE_SERVER_NAME}: with [aggregate] no upstream may be named "
+                f"'{AGGREGATE_SERVER_NAME}' (/v0.1/servers lists POST /mcp as "
+                f"'{self.registry.server_namespace}/{AGGREGATE_SERVER_NAME}'); rename the upstream"
+            )
         return self
 
     def aggregate_members(self) -> tuple[str, ...]:

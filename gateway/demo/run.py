@@ -260,6 +260,7 @@ def _banner(port: int, children: Sequence[_Child], log_dir: Path) -> str:
         lines.append(f"  {c.name:<8} {c.url}  pid {c.process.pid}  {UPSTREAMS[c.name]}")
         lines.append(f"  {'':<8} via the gateway: {base}/servers/{c.name}/mcp")
     lines += [
+        f"  fleet    {base}/mcp  every upstream as one MCP server (tools named weather__get_forecast, ...)",
         f"  logs     {log_dir}",
         "",
         "Try these in another terminal (each request is also logged here with its Cache-Status).",
@@ -282,7 +283,12 @@ def _banner(port: int, children: Sequence[_Child], log_dir: Path) -> str:
         "#    'Cache-Status: mcp-gateway; fwd=bypass; fwd-status=200; detail=uncacheable'",
         _curl(weather, "tools/call", {"name": "get_forecast", "arguments": {"city": "Lisbon"}}, name="get_forecast"),
         "",
-        "# 5. The cache counters (hits, misses, stores by outcome):",
+        "# 5. Both upstreams as one server, POST /mcp: tools named <upstream>__<tool>, composed from the",
+        "#    same cache entries as above. notes' part is private, so the whole answer is private and never",
+        "#    stored: 'Cache-Status: mcp-gateway; fwd=miss; detail=composed' (weather's part from the cache)",
+        _curl(f"{base}/mcp", "tools/list"),
+        "",
+        "# 6. The cache counters (hits, misses, stores by outcome):",
         f"curl -s {base}/metrics | grep mcp_gateway_cache",
         "",
     ]
@@ -313,6 +319,7 @@ async def _serve(gateway_port: int, fleet: _Fleet, gateway: _Gateway) -> int:
             {
                 "listener": {"host": HOST, "port": gateway_port},
                 "upstreams": {c.name: {"url": c.url} for c in fleet.children},
+                "aggregate": {},  # POST /mcp: every upstream as one MCP server
             },
             env={},
         )
@@ -407,4 +414,3 @@ def run_demo(gateway_port: int = 8080) -> int:
         return asyncio.run(_main(gateway_port))
     except KeyboardInterrupt:  # platforms without loop signal handlers; cleanup already ran
         return 0
-

@@ -220,4 +220,3 @@ def serve_upstream(name: str, port: int, *, exit_on_stdin_eof: bool = False) -> 
     if exit_on_stdin_eof:
         threading.Thread(target=_exit_when_stdin_closes, name="parent-watch", daemon=True).start()
     uvicorn.run(app, host=HOST, port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
-

@@ -18,7 +18,8 @@ Modules, lower first (each imports only those before it; ``views`` only ``state`
   streams as :class:`~gateway.tasks.BackgroundTasks`, started and stopped from the app's
   ``cleanup_ctx``.
 * ``views``: :class:`RegistryViews`, ``GET /v0.1/servers`` in the official MCP Registry API shape
-  (live state under the ``_meta`` key :data:`LIVE_META_KEY`) and ``GET /registry/versions``.
+  (live state under the ``_meta`` key :data:`LIVE_META_KEY`; ``POST /mcp`` listed as one more
+  server, :data:`AGGREGATE_NAME`) and ``GET /registry/versions``.
 
 Probes and listen streams go through :class:`~gateway.upstream.Upstream` (the shared session, the
 upstream's configured headers, no redirects, failures mapped there) and never carry anything from
@@ -30,13 +31,15 @@ from .listen import LISTEN_RESYNC_S, RESUBSCRIBE_AFTER_GRACEFUL_S, ListenStream
 from .probe import PROBE_JITTER, Prober, backoff_delay, classify_discover, classify_initialize, probe_delay
 from .service import Registry
 from .state import Health, ListenRecord, ProbeRecord, ProbeResult, RegistryState, UpstreamEra, UpstreamState
-from .views import LIVE_META_KEY, RegistryViews
+from .views import AGGREGATE_NAME, LIVE_META_KEY, AggregateListing, RegistryViews
 
 __all__ = [
+    "AGGREGATE_NAME",
     "LISTEN_RESYNC_S",
     "LIVE_META_KEY",
     "PROBE_JITTER",
     "RESUBSCRIBE_AFTER_GRACEFUL_S",
+    "AggregateListing",
     "Health",
     "ListenRecord",
     "ListenStream",

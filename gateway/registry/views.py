@@ -1,19 +1,23 @@
-"""The registry's HTTP routes: ``GET /v0.1/servers`` (the MCP Registry API shape) and ``/registry/versions``."""
+"""The registry's HTTP routes: ``GET /v0.1/servers`` (the MCP Registry API shape; with
+``[aggregate]``, ``POST /mcp`` listed too) and ``/registry/versions``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
 from aiohttp import web
 
+from .. import __version__
 from ..auth import bearer_matches
-from ..config import GatewayConfig
+from ..config import AGGREGATE_SERVER_NAME, GatewayConfig
 from ..errors import Unauthorized, error_response
 from .state import RegistryState, UpstreamState, newest_first
 
-__all__ = ["LIVE_META_KEY", "RegistryViews"]
+__all__ = ["AGGREGATE_NAME", "LIVE_META_KEY", "AggregateListing", "RegistryViews"]
 
 #: Our own ``_meta`` key for the live state in ``/v0.1/servers``. Its second label is neither
 #: ``modelcontextprotocol`` nor ``mcp``, so the prefix is not reserved (MCP 2026-07-28,
@@ -23,6 +27,21 @@ DEFAULT_PAGE_LIMIT: Final = 30
 MAX_PAGE_LIMIT: Final = 100
 #: ``server.json`` limits its ``description`` to 100 characters.
 MAX_DESCRIPTION_CHARS: Final = 100
+#: The name ``POST /mcp`` is listed under (``<server_namespace>/aggregate``); with ``[aggregate]``
+#: no upstream may have it (:class:`~gateway.config.GatewayConfig`).
+AGGREGATE_NAME: Final = AGGREGATE_SERVER_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateListing:
+    """What ``/v0.1/servers`` says of ``POST /mcp`` (``[aggregate]``): its ``route``, its
+    ``members`` in order, the ``separator`` of its exposed names, and ``active``, the members it
+    serves now (:meth:`gateway.aggregate.Aggregate.active`: not the legacy-era ones)."""
+
+    route: str
+    members: tuple[str, ...]
+    separator: str
+    active: Callable[[], Sequence[str]]
 
 
 def _rfc3339(seconds: float | None) -> str | None:
@@ -44,11 +63,15 @@ class RegistryViews:
     ``<server_namespace>/<upstream name>``; the bare upstream name is accepted in paths too.
     When ``[auth]`` is configured these routes need one of its bearer tokens, else they answer
     the gateway's one 401 (:class:`~gateway.errors.Unauthorized`).
+
+    With ``aggregate`` (``[aggregate]``), ``POST /mcp`` is one more server, named
+    ``<server_namespace>/aggregate`` (:meth:`aggregate_entry`).
     """
 
-    def __init__(self, config: GatewayConfig, state: RegistryState) -> None:
+    def __init__(self, config: GatewayConfig, state: RegistryState, aggregate: AggregateListing | None = None) -> None:
         self.config = config
         self.state = state
+        self.aggregate = aggregate
         settings = config.registry
         self.namespace = settings.server_namespace
         self.base_url = str(settings.public_base_url).rstrip("/") if settings.public_base_url else None
@@ -67,18 +90,30 @@ class RegistryViews:
     def server_name(self, upstream: str) -> str:
         return f"{self.namespace}/{upstream}"
 
-    def _lookup(self, name: str) -> UpstreamState | None:
-        prefix = f"{self.namespace}/"
-        return self.state.upstreams.get(name.removeprefix(prefix) if name.startswith(prefix) else name)
+    def _names(self) -> list[str]:
+        """The names listed (upstreams, and the aggregate), in their order in ``/v0.1/servers``."""
+        names = list(self.state.upstreams)
+        if self.aggregate is not None:
+            names.append(AGGREGATE_NAME)
+        return sorted(names)
+
+    def _entry_of(self, name: str, base: str) -> dict[str, Any] | None:
+        """The entry of upstream ``name`` (or of the aggregate), ``None`` if there is none."""
+        if self.aggregate is not None and name == AGGREGATE_NAME:
+            return self.aggregate_entry(self.aggregate, base)
+        state = self.state.upstreams.get(name)
+        return None if state is None else self.entry(state, base)
 
     def _named_entry(self, request: web.Request) -> dict[str, Any] | web.Response:
         """The entry of the server named in the path, or the 401/404 to answer instead."""
         if (denied := self._denied(request)) is not None:
             return denied
-        state = self._lookup(request.match_info["name"])
-        if state is None:
+        name = request.match_info["name"]
+        prefix = f"{self.namespace}/"
+        entry = self._entry_of(name.removeprefix(prefix) if name.startswith(prefix) else name, self._base(request))
+        if entry is None:
             return _json({"error": "Server not found"}, 404)
-        return self.entry(state, self._base(request))
+        return entry
 
     def entry(self, state: UpstreamState, base: str) -> dict[str, Any]:
         """One ``ServerResponse``: ``{"server": server.json, "_meta": {LIVE_META_KEY: live state}}``."""
@@ -131,6 +166,36 @@ class RegistryViews:
         }
         return {"server": server, "_meta": {LIVE_META_KEY: live}}
 
+    def aggregate_entry(self, aggregate: AggregateListing, base: str) -> dict[str, Any]:
+        """The ``ServerResponse`` of ``POST /mcp``: its remote ``<base>/mcp``, and as live state
+        the members, which of them it serves now and which it leaves out (legacy-era members:
+        they have no ``_meta`` to carry the caller's through), and the separator."""
+        url = f"{base}{aggregate.route}"
+        active = set(aggregate.active())
+        members = list(aggregate.members)
+        description = f"The tools, prompts and resources of {len(members)} servers behind this gateway"
+        server: dict[str, Any] = {
+            "name": self.server_name(AGGREGATE_NAME),
+            "title": "The fleet as one MCP server",
+            "description": description[:MAX_DESCRIPTION_CHARS],
+            "version": __version__,
+            "remotes": [{"type": "streamable-http", "url": url}],
+        }
+        live = {
+            "aggregate": True,
+            "url": url,
+            "era": "modern",
+            "members": members,
+            "served": [m for m in members if m in active],
+            "leftOut": [{"upstream": m, "reason": self._left_out_because(m)} for m in members if m not in active],
+            "separator": aggregate.separator,
+        }
+        return {"server": server, "_meta": {LIVE_META_KEY: live}}
+
+    def _left_out_because(self, member: str) -> str:
+        state = self.state.upstreams.get(member)
+        return "legacy" if state is not None and state.era == "legacy" else "not served"
+
     async def servers(self, request: web.Request) -> web.Response:
         """``GET /v0.1/servers?cursor=&limit=&search=&version=``; ``cursor`` is the last name of
         the previous page (opaque to callers), ``limit`` 1-100 (default 30), ``search`` a
@@ -149,11 +214,12 @@ class RegistryViews:
         version = request.query.get("version")
         base = self._base(request)
         entries = []
-        for upstream in sorted(self.state.upstreams):
+        for upstream in self._names():
             name = self.server_name(upstream)
             if name <= cursor or (search and search not in name.lower()):
                 continue
-            entry = self.entry(self.state.upstreams[upstream], base)
+            entry = self._entry_of(upstream, base)
+            assert entry is not None
             if version not in (None, "", "latest") and entry["server"]["version"] != version:
                 continue
             entries.append(entry)

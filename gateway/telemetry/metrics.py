@@ -32,7 +32,6 @@ from .record import RequestRecord
 __all__ = ["GatewayMetrics", "RequestMetrics"]
 
 
-
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 #: The per-request families: name after the namespace, help, label names.
