@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from ..httpserver import install_json_errors
 from ..telemetry import quiet_server_errors
 from .servers import HOST, MCP_PATH
 
@@ -367,6 +368,7 @@ async def _main(gateway_port: int) -> int:
     access.setLevel(logging.INFO)
     access.propagate = False
     quiet_server_errors()
+    install_json_errors()  # as serve does: unparseable requests get JSON-RPC errors quoting nothing
     code, keep_logs = 1, False
     try:
         code = await _serve(gateway_port, fleet, gateway)
