@@ -24,6 +24,8 @@ For each worker count N it measures, side by side:
 and once: with replicas on that Redis (bench/cluster.py), a hit from Redis against a local hit,
 a cold burst over 2 replicas, purge to consistency over 3; a hot key across many expiries with
 and without refresh-ahead (bench/stale.py: p99/max latency, upstream requests per lifetime);
+``POST /mcp`` of two members on the SDK upstream against the per-upstream route on one 1-worker
+gateway (bench/aggregate.py: warm ``tools/list`` throughput ratio, ``tools/call`` added latency);
 with one worker, resident memory per stored ~4 KB entry over 10,000 entries.
 
 Prints markdown tables and writes JSON to bench-results/latest.json. Child processes are
@@ -51,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (also when imported from elsewhere)
 
+import aggregate
 import cluster
 import stale
 from harness import (
@@ -94,6 +97,11 @@ TARGETS = {
     # its p99 stays under one upstream round trip, and a 1 s lifetime is refreshed at half-life.
     "refresh_misses": 0,
     "refresh_upstream_per_ttl_max": 2.2,
+    # The aggregate part (bench/aggregate.py, issue 14): a warm `tools/list` of two members on
+    # /mcp against a warm per-upstream one, same process; a `tools/call` through /mcp adds at
+    # most 1 ms at p50 (a sanity bound: the issue asks only that it be reported).
+    "aggregate_list_ratio_min": 0.5,
+    "aggregate_call_added_p50_ms_max": 1.0,
 }
 
 
@@ -583,6 +591,7 @@ def tables(result: dict[str, Any]) -> str:
         )
     lines += section(*cluster.table(result, TARGETS))
     lines += section(*stale.table(result, TARGETS))
+    lines += section(*aggregate.table(result, TARGETS))
     mach = result["machine"]
     lines.append("")
     lines.append(
@@ -623,6 +632,9 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
     refresh_verdicts = stale.verdicts(result, TARGETS)
     if refresh_verdicts:
         out["refresh"] = refresh_verdicts
+    aggregate_verdicts = aggregate.verdicts(result, TARGETS)
+    if aggregate_verdicts:
+        out["aggregate"] = aggregate_verdicts
     m = result.get("memory")
     if m:
         out["memory_ok"] = m["ratio"] is not None and m["ratio"] <= TARGETS["memory_ratio_max"]
@@ -653,10 +665,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the memory figure")
     p.add_argument(
         "--only",
-        default="burst,cached,forwarding,cluster,refresh",
+        default="burst,cached,forwarding,cluster,refresh,aggregate",
         help="comma-separated parts: burst, cached, forwarding (per worker count), cluster (a redis-server, a"
         " gateway with [cluster] in the 1-worker cached rotation, then shared hits, a burst over 2 replicas and"
-        " purges over 3, once), refresh (a hot key across many expiries, with and without refresh-ahead, once)"
+        " purges over 3, once), refresh (a hot key across many expiries, with and without refresh-ahead, once),"
+        " aggregate (POST /mcp of two members against the per-upstream route on one 1-worker gateway, once)"
         " (default all)",
     )
     p.add_argument("--log-level", default="info", help="gateway --log-level (default info: access log on)")
@@ -744,6 +757,9 @@ def main(argv: list[str] | None = None) -> int:
             fleet.stop(redis)
         if "refresh" in opts.parts:
             result["refresh"] = stale.run(fleet, workdir, opts)
+        if "aggregate" in opts.parts:
+            log("aggregate: POST /mcp of members a and b against /servers/a/mcp, one 1-worker gateway")
+            result["aggregate"] = aggregate.run(fleet, workdir, up_port, opts, (CALL_NAME, CALL_ARGS))
         if not opts.no_memory:
             log(f"memory: storing {opts.memory_entries} entries of ~4 KB")
             result["memory"] = memory(fleet, workdir, opts.memory_entries, opts)
