@@ -20,7 +20,7 @@ from .cache import Clock, Invalidation, MemoryStore
 from .cluster import Cluster
 from .cluster.workers import WorkerBus
 from .config import GatewayConfig
-from .errors import GatewayError, Unauthorized, error_response
+from .errors import GatewayError, NotFound, Unauthorized, error_response
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
 from .registry import AggregateListing, Registry, RegistryViews
@@ -188,6 +188,8 @@ def create_app(
         app.router.add_post(ROUTE, aggregate.handle_post)
         for method in ("GET", "DELETE"):
             app.router.add_route(method, ROUTE, aggregate.handle_other)
+    else:
+        app.router.add_route("*", ROUTE, _no_aggregate)
     views = RegistryViews(config, registry.state, listing)
     app.router.add_get("/v0.1/servers", guarded(views.servers))
     app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(views.server_versions))
@@ -202,6 +204,14 @@ def _purged(store: MemoryStore, proxy: Proxy, invalidation: Invalidation, reason
     """Another worker's invalidation, applied here."""
     if store.purge(invalidation, reason):
         proxy.update_size_gauges()
+
+
+async def _no_aggregate(request: web.Request) -> web.Response:
+    """``/mcp`` without ``[aggregate]``: a JSON-RPC 404 (-32601) that says why (a client pointed at the
+    gateway's root endpoint is the commonest first mistake)."""
+    return error_response(
+        NotFound("Method not found: /mcp needs [aggregate] in the config; each upstream is at /servers/NAME/mcp")
+    )
 
 
 def _rebinding_checked(proxy: Proxy, handler: Handler) -> Handler:

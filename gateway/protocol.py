@@ -292,7 +292,11 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     if not methods or methods[0] != method:
         raise HeaderMismatch("Header mismatch: Mcp-Method header must equal method", request_id=request_id)
     if name_field is not None:
-        decoded = decode_header_value(names[0]) if names else None
+        if not names:
+            raise HeaderMismatch(
+                f"Header mismatch: Mcp-Name header is required (params.{name_field})", request_id=request_id
+            )
+        decoded = decode_header_value(names[0])
         if decoded is None or decoded != params.get(name_field):  # type: ignore[union-attr]
             raise HeaderMismatch(
                 f"Header mismatch: Mcp-Name header must equal params.{name_field}", request_id=request_id

@@ -62,11 +62,12 @@ class _MemberList:
     """What one member gave for one aggregate request: its parts (pages), and whether they are
     all of it (false: it failed, or had more pages than ``max_member_pages``)."""
 
-    __slots__ = ("complete", "parts")
+    __slots__ = ("complete", "parts", "problem")
 
-    def __init__(self, parts: list[Part], complete: bool) -> None:
+    def __init__(self, parts: list[Part], complete: bool, problem: str | None = None) -> None:
         self.parts = parts
         self.complete = complete
+        self.problem = problem  # why it was left out
 
 
 class Aggregate:
@@ -265,7 +266,7 @@ class Aggregate:
                         offered.add(flag)
         ex.detail = "listen"
         requested = (parsed.params or {}).get("notifications")
-        return await self.hub.serve(ex.request, parsed.request_id, requested, offered)
+        return await self.hub.serve(ex.request, parsed.request_id, requested, offered, ex.cache_status())
 
     # -- composed answers ---------------------------------------------------------------------
 
@@ -298,7 +299,9 @@ class Aggregate:
         members = self.active()
         lists = await asyncio.gather(*(self._member(name, ex, parsed) for name in members))
         if members and not any(got.parts for got in lists):
-            raise BadGateway(f"no member of /mcp answered {method}", request_id=parsed.request_id)
+            ex.fwd, ex.detail = "miss", "upstream-error"
+            reasons = "; ".join(f"{name}: {got.problem}" for name, got in zip(members, lists, strict=True))
+            raise BadGateway(f"no member of /mcp answered {method} ({reasons})", request_id=parsed.request_id)
         parts = [part for got in lists for part in got.parts]
         complete = all(got.complete for got in lists)
         if method == "server/discover":
@@ -359,7 +362,7 @@ class Aggregate:
                 body = with_cursor(body, cursor)
         except (*MemberFailed, MemberError) as err:
             log.info("/mcp: left %s out of a %s answer: %s", name, parsed.method, err.message)
-            return _MemberList([], False)
+            return _MemberList([], False, err.message)
         log.info(
             "/mcp: %s has more than %d pages of %s; the rest is left out", name, self.max_member_pages, parsed.method
         )
@@ -409,8 +412,9 @@ class Aggregate:
         """``server/discover`` of ``/mcp``: the versions every answering member speaks, the union
         of their capabilities, instructions naming the members."""
         sep = self.names.separator
+        answered = [name for name, got in zip(members, lists, strict=True) if got.parts]
         lines = [
-            f"One MCP server made of {len(members)} members: {', '.join(members)}. Tools and prompts are "
+            f"One MCP server made of {len(answered)} members: {', '.join(answered)}. Tools and prompts are "
             f"named <member>{sep}<name>; resources mcp-gateway:<member>/<uri>."
         ]
         for name, got in zip(members, lists, strict=True):

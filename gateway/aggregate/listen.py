@@ -88,10 +88,16 @@ class ListenHub:
         return {flag: True for flag in FLAGS if requested.get(flag) is True and flag in offered}
 
     async def serve(
-        self, request: web.Request, request_id: object, requested: object, offered: Collection[str]
+        self,
+        request: web.Request,
+        request_id: object,
+        requested: object,
+        offered: Collection[str],
+        cache_status: str,
     ) -> web.StreamResponse:
         """Answer a listen request: the acknowledgement, then the changes until the client goes
-        away or the gateway shuts down (then the listen result, and the stream ends).
+        away or the gateway shuts down (then the listen result, and the stream ends). The
+        stream's ``Cache-Status`` is ``cache_status``.
 
         Raises:
             Overloaded: ``max_listen_streams`` clients are listening (HTTP 503).
@@ -106,6 +112,7 @@ class ListenHub:
         client = _Client(request_id, granted)
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         out.headers["X-Accel-Buffering"] = "no"
+        out.headers["Cache-Status"] = cache_status
         self.clients.add(client)
         try:
             await out.prepare(request)

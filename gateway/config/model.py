@@ -3,12 +3,14 @@ checks (README, "Configuration"). Loading it from TOML is :mod:`.load`."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from typing import Annotated, Final
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -343,26 +345,49 @@ class GatewayConfig(_Model):
         None, description="POST /mcp, the members as one MCP server (default: no /mcp)."
     )
 
-    @model_validator(mode="after")
-    def _members_exist(self) -> GatewayConfig:
-        if self.aggregate is not None and self.aggregate.upstreams is not None:
-            unknown = [n for n in self.aggregate.upstreams if n not in self.upstreams]
-            if unknown:
-                raise ValueError(f"aggregate.upstreams: no upstream named {', '.join(map(repr, unknown))}")
-            if len(set(self.aggregate.upstreams)) != len(self.aggregate.upstreams):
-                raise ValueError("aggregate.upstreams: a member is named twice")
-        return self
-
-    @model_validator(mode="after")
-    def _aggregate_name_free(self) -> GatewayConfig:
-        # /v0.1/servers lists POST /mcp as '<server_namespace>/aggregate' (gateway.registry.views).
-        if self.aggregate is not None and AGGREGATE_SERVER_NAME in self.upstreams:
-            raise ValueError(
-                f"upstreams.{AGGREGATE_SERVER_NAME}: with [aggregate] no upstream may be named "
-                f"'{AGGREGATE_SERVER_NAME}' (/v0.1/servers lists POST /mcp as "
-                f"'{self.registry.server_namespace}/{AGGREGATE_SERVER_NAME}'); rename the upstream"
+    @field_validator("aggregate")
+    @classmethod
+    def _members(cls, value: AggregateConfig | None, info: ValidationInfo) -> AggregateConfig | None:
+        # Checked as the aggregate's own errors (after the upstreams, which come first), so that
+        # check-config names [aggregate] and its line.
+        upstreams = info.data.get("upstreams")
+        if value is None or upstreams is None:  # no [aggregate], or the upstreams were wrong
+            return value
+        members = value.upstreams if value.upstreams is not None else tuple(upstreams)
+        if not members:
+            raise _aggregate_error(
+                "upstreams: names no member (leave the key out for every upstream)"
+                if value.upstreams is not None
+                else "there are no upstreams to aggregate"
             )
-        return self
+        for name in members:
+            if name not in upstreams:
+                close = difflib.get_close_matches(name, list(upstreams), n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise _aggregate_error(
+                    f"upstreams: no upstream named {name!r} ({hint}the upstreams are {', '.join(upstreams)})"
+                )
+            if members.count(name) > 1:
+                raise _aggregate_error(f"upstreams: {name!r} is listed twice")
+        if AGGREGATE_SERVER_NAME in upstreams:
+            # /v0.1/servers lists POST /mcp as '<server_namespace>/aggregate' (gateway.registry.views).
+            namespace = getattr(info.data.get("registry"), "server_namespace", "")
+            raise _aggregate_error(
+                f"with [aggregate] no upstream may be named {AGGREGATE_SERVER_NAME!r} (/v0.1/servers lists "
+                f"POST /mcp as '{namespace}/{AGGREGATE_SERVER_NAME}'); rename the upstream"
+            )
+        sep = value.separator
+        for one in members:
+            for other in members:
+                # one + sep a prefix of other + sep: "<other><sep>x" reads as a name of either.
+                if other != one and (other + sep).startswith(one + sep):
+                    exposed = f"{other}{sep}x"
+                    raise _aggregate_error(
+                        f"separator: members {one!r} and {other!r} with separator {sep!r} make names like "
+                        f"{exposed!r} ambiguous (tool {exposed[len(one + sep) :]!r} of {one!r}, or 'x' of {other!r}): "
+                        "choose a separator that no member name continues another's with"
+                    )
+        return value
 
     def aggregate_members(self) -> tuple[str, ...]:
         """The upstreams ``POST /mcp`` is made of, in order (``()`` without ``[aggregate]``)."""
@@ -399,3 +424,8 @@ class GatewayConfig(_Model):
         """Whether ``upstream``'s entries in demand are fetched again before they expire."""
         override = self.upstreams[upstream].refresh_ahead
         return self.cache.refresh_ahead if override is None else override
+
+
+def _aggregate_error(message: str) -> PydanticCustomError:
+    """An error of ``[aggregate]``, in plain words (pydantic would prefix a ValueError's)."""
+    return PydanticCustomError("aggregate", message)

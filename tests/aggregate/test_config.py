@@ -60,3 +60,32 @@ def test_bad_values_are_config_errors_naming_the_key(aggregate: dict[str, Any]) 
 def test_good_separators(separator: str) -> None:
     cfg = parse_config(config(separator=separator), env={})
     assert cfg.aggregate is not None and cfg.aggregate.separator == separator
+
+
+def test_an_unknown_member_is_named_with_the_closest_upstream() -> None:
+    with pytest.raises(ConfigError, match=r"aggregate: upstreams: no upstream named 'aa' \(did you mean 'a'\?"):
+        parse_config(config(upstreams=["aa"]), env={})
+
+
+def test_a_member_listed_twice_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"aggregate: upstreams: 'b' is listed twice"):
+        parse_config(config(upstreams=["a", "b", "b"]), env={})
+
+
+def test_an_empty_member_list_is_an_error_not_an_empty_server() -> None:
+    with pytest.raises(ConfigError, match=r"aggregate: upstreams: names no member"):
+        parse_config(config(upstreams=[]), env={})
+    with pytest.raises(ConfigError, match=r"aggregate: there are no upstreams to aggregate"):
+        parse_config({"aggregate": {}}, env={})
+
+
+@pytest.mark.parametrize(
+    ("members", "separator"), [(("pub", "pub_slow"), "_"), (("a", "a__b"), "__"), (("a", "a_"), "__")]
+)
+def test_a_separator_that_makes_exposed_names_ambiguous_is_an_error(members: tuple[str, str], separator: str) -> None:
+    # With members pub and pub_slow and "_", pub_slow_x is pub's tool slow_x or pub_slow's tool x.
+    upstreams = {name: {"url": f"http://127.0.0.1:{9 + i}/mcp"} for i, name in enumerate(members)}
+    with pytest.raises(ConfigError, match=r"aggregate: separator: members .* ambiguous"):
+        parse_config({"upstreams": upstreams, "aggregate": {"separator": separator}}, env={})
+    other = "." if separator != "." else "::"
+    assert parse_config({"upstreams": upstreams, "aggregate": {"separator": other}}, env={}).aggregate is not None

@@ -283,6 +283,9 @@ async def test_without_an_aggregate_section_there_is_no_mcp_route(
     gw = await start_gateway({"upstreams": {"a": {"url": public_up.url}}})
     reply = await agg(http, gw, "tools/list")
     assert reply.status == 404, reply.raw
+    # A JSON-RPC error that says why: pointing a client at /mcp is the commonest first mistake.
+    error = json.loads(reply.raw)["error"]
+    assert error["code"] == -32601 and "[aggregate]" in error["message"]
     get = await post(http, agg_url(gw), b"", {}, http_method="GET")
     assert get.status == 404
     await nothing_asked(public_up)

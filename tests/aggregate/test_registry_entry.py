@@ -177,7 +177,7 @@ def test_with_aggregate_an_upstream_named_aggregate_is_a_config_error(tmp_path: 
     with pytest.raises(ConfigError) as raised:
         parse_config({"upstreams": upstreams, "aggregate": {}}, env={})
     message = str(raised.value)
-    assert "upstreams.aggregate: with [aggregate] no upstream may be named 'aggregate'" in message
+    assert "aggregate: with [aggregate] no upstream may be named 'aggregate'" in message
     assert f"'{NS}/aggregate'" in message and "rename the upstream" in message
     # also when the aggregate's members leave it out: the registry name would still clash
     with pytest.raises(ConfigError, match="no upstream may be named 'aggregate'"):
@@ -185,7 +185,7 @@ def test_with_aggregate_an_upstream_named_aggregate_is_a_config_error(tmp_path: 
     # and from a file, as check-config reads it
     path = tmp_path / "gw.toml"
     path.write_text('[upstreams.aggregate]\nurl = "http://127.0.0.1:9/mcp"\n\n[aggregate]\n')
-    with pytest.raises(ConfigError, match=r"^.*gw\.toml: .*upstreams\.aggregate: with \[aggregate\]"):
+    with pytest.raises(ConfigError, match=r"^.*gw\.toml: line \d+: aggregate: with \[aggregate\]"):
         load_config(path, env={})
     # without [aggregate] the name is an upstream's like any other
     assert "aggregate" in parse_config({"upstreams": upstreams}, env={}).upstreams
