@@ -2,8 +2,8 @@
 
 Modules, lower first: ``names`` (exposed names, URIs and the gateway's cursors), ``rewrite``
 (a caller's body for a member, one value changed), ``compose`` (hints, items, discover; no I/O),
-``parts`` (one member's answer through the cache), ``listen`` (the listening clients), ``handler``
-(the route).
+``parts`` (one member's answer through the cache), ``members`` (a member's pages, bounded),
+``listen`` (the listening clients), ``handler`` (the route).
 """
 
 from .handler import ROUTE, Aggregate

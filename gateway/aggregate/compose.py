@@ -16,9 +16,22 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ..cache import CacheEntry, CacheKey
-from .names import Names
+from ..errors import InvalidParams
+from ..protocol import MODERN_VERSIONS
+from .names import Names, fingerprint, mint_cursor
 
-__all__ = ["LIST_FIELDS", "ComposedEntry", "Part", "capabilities_union", "exposed_items", "hints", "supported_versions"]
+__all__ = [
+    "LIST_FIELDS",
+    "ComposedEntry",
+    "MemberList",
+    "Part",
+    "capabilities_union",
+    "discover_result",
+    "exposed_items",
+    "hints",
+    "page_of",
+    "supported_versions",
+]
 
 #: The list methods and the field of their result that holds the items.
 LIST_FIELDS: Final[Mapping[str, str]] = {
@@ -34,6 +47,7 @@ _ITEM_NAME: Final[Mapping[str, str]] = {
     "resources/list": "uri",
     "resources/templates/list": "uriTemplate",
 }
+SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
 #: Extensions whose methods ``POST /mcp`` does not route (a task's id names no member).
 _UNROUTED_EXTENSIONS: Final = frozenset({"io.modelcontextprotocol/tasks"})
 
@@ -46,7 +60,8 @@ class Part:
     ``public`` whether its ``cacheScope`` is ``"public"``; ``key`` and ``entry`` the cache entry it
     was read from or stored as (``None`` when it is not stored: private, no ``ttlMs``, ...);
     ``stale`` it is an expired entry answering for a member that failed (stale-if-error);
-    ``fetched`` the member was asked for it by this request (not read from the cache).
+    ``fetched`` the member was asked for it by this request (not read from the cache); ``size``
+    its size in bytes, as received or stored.
     """
 
     result: Mapping[str, Any]
@@ -56,19 +71,36 @@ class Part:
     entry: CacheEntry | None = None
     stale: bool = False
     fetched: bool = False
+    size: int = 0
+
+
+class MemberList:
+    """What one member gave for one aggregate request: its ``parts`` (pages), whether they are all
+    of it (``complete``; false: it failed, or its pages were cut short, or one is stale), why not
+    (``problem``), and for a list its ``items`` under their exposed names with their JSON
+    (``rendered``)."""
+
+    __slots__ = ("complete", "items", "parts", "problem", "rendered")
+
+    def __init__(self, parts: list[Part], complete: bool, problem: str | None = None) -> None:
+        self.parts = parts
+        self.complete = complete
+        self.problem = problem  # why it was left out, or cut short
+        self.items: list[Any] = []  # a list's items under their exposed names
+        self.rendered = b"[]"  # ... and their JSON
 
 
 def exposed_items(method: str, member: str, items: object, names: Names) -> list[Any]:
     """``member``'s list items under their exposed names (:class:`~gateway.aggregate.names.Names`),
-    every other field as the member listed it. Items without a string name are left out: they
-    could not be called or read through ``/mcp``."""
+    every other field as the member listed it. Items without a name (a non-empty string) are left
+    out: they could not be called or read through ``/mcp``."""
     if not isinstance(items, list):
         return []
     field = _ITEM_NAME[method]
     expose = names.expose if field == "name" else names.expose_uri
     out = []
     for item in items:
-        if isinstance(item, dict) and type(value := item.get(field)) is str:
+        if isinstance(item, dict) and type(value := item.get(field)) is str and value:
             out.append({**item, field: expose(member, value)})
     return out
 
@@ -154,3 +186,57 @@ class ComposedEntry(CacheEntry):
             entry.refresh_at,
             held,
         )
+
+
+def page_of(
+    method: str,
+    lists: Sequence[MemberList],
+    page: int,
+    list_fingerprint: bytes | None,
+    page_size: int,
+    request_id: object,
+) -> dict[str, Any]:
+    """Page ``page`` (``page_size`` items) of the members' items in ``lists``, with the cursor of
+    the next page if there is one (:func:`~.names.mint_cursor`); ``list_fingerprint`` is the one in
+    the caller's cursor (``None`` without one).
+
+    Raises:
+        InvalidParams: the cursor's list has changed since, or it names a page past the end.
+    """
+    field = LIST_FIELDS[method]
+    items = [item for got in lists for item in got.items]
+    current = fingerprint(b"\n".join(got.rendered for got in lists))
+    pages = max(1, math.ceil(len(items) / page_size))
+    if list_fingerprint is not None and (list_fingerprint != current or page >= pages):
+        raise InvalidParams(
+            "Invalid params: the list has changed since this cursor was given; list again from the start",
+            request_id=request_id,
+        )
+    start = page * page_size
+    result: dict[str, Any] = {field: items[start : start + page_size]}
+    if page + 1 < pages:
+        result["nextCursor"] = mint_cursor(page + 1, current)
+    return result
+
+
+def discover_result(
+    members: Sequence[str], lists: Sequence[MemberList], separator: str, server_info: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``server/discover`` of ``/mcp`` from the members' (``lists``, one page each): the versions
+    every answering member speaks, the union of their capabilities, instructions naming them."""
+    answered = [(name, got.parts[0].result) for name, got in zip(members, lists, strict=True) if got.parts]
+    results = [result for _, result in answered]
+    lines = [
+        f"One MCP server made of {len(answered)} members: {', '.join(name for name, _ in answered)}. Tools and "
+        f"prompts are named <member>{separator}<name>; resources mcp-gateway:<member>/<uri>."
+    ]
+    for name, result in answered:
+        text = result.get("instructions")
+        if isinstance(text, str) and text:
+            lines.append(f"{name}: {text}")
+    return {
+        "supportedVersions": supported_versions(results, MODERN_VERSIONS),
+        "capabilities": capabilities_union(results),
+        "instructions": "\n\n".join(lines),
+        "_meta": {SERVER_INFO_KEY: dict(server_info)},
+    }

@@ -7,7 +7,7 @@ headers: :mod:`gateway.proxy.handler`), against the names as the caller sent the
 
 * ``server/discover`` and the four lists are composed from the members' answers, each part
   looked up under the key the member's own route would use (:mod:`.parts`), the missing ones
-  fetched concurrently, every page of each member followed up to ``max_member_pages``; the
+  fetched concurrently, every page of each member followed, within bounds (:mod:`.members`); the
   aggregate is paged by the gateway (:mod:`.names`) and stored while every part is
   (:class:`~.compose.ComposedEntry`).
 * Calls (``tools/call``, ``prompts/get``, ``resources/read``, ``completion/complete``) are the
@@ -23,8 +23,6 @@ methods are -32601 (HTTP 404).
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -35,39 +33,33 @@ from .. import __version__
 from ..cache import CacheKey, build_entry, make_key
 from ..codec import dumps
 from ..config import GatewayConfig
-from ..errors import BadGateway, GatewayError, InvalidParams, NotFound, UnsupportedProtocolVersion
-from ..protocol import MODERN_VERSIONS, NAME_FIELD, ParsedRequest, method_label, parse_request
+from ..errors import (
+    BadGateway,
+    GatewayError,
+    InvalidParams,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedProtocolVersion,
+)
+from ..protocol import H_METHOD, MODERN_VERSIONS, NAME_FIELD, ParsedRequest, method_label, parse_request
 from ..proxy import Proxy
 from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from ..proxy.forward import error_code
 from ..registry import RegistryState
-from .compose import LIST_FIELDS, ComposedEntry, Part, capabilities_union, exposed_items, hints, supported_versions
+from .compose import LIST_FIELDS, ComposedEntry, Part, discover_result, hints, page_of
 from .listen import FLAGS, ListenHub
-from .names import Names, fingerprint, mint_cursor, read_cursor
+from .members import MemberCollector, quoted
+from .names import Names, read_cursor
 from .parts import MemberError, MemberFailed, PartFetcher
-from .rewrite import replace_value, with_cursor
+from .rewrite import replace_value
 
 __all__ = ["ROUTE", "Aggregate"]
 
-log = logging.getLogger("mcp_gateway.aggregate")
-
 #: The route, and the ``upstream`` label of its requests in the metrics (no upstream is named so).
 ROUTE: Final = "/mcp"
-SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
-#: How much of a caller's name an error message quotes back.
-_QUOTED_CHARS: Final = 80
-
-
-class _MemberList:
-    """What one member gave for one aggregate request: its parts (pages), and whether they are
-    all of it (false: it failed, or had more pages than ``max_member_pages``)."""
-
-    __slots__ = ("complete", "parts", "problem")
-
-    def __init__(self, parts: list[Part], complete: bool, problem: str | None = None) -> None:
-        self.parts = parts
-        self.complete = complete
-        self.problem = problem  # why it was left out
+#: The largest listen request ``/mcp`` takes: a stream holds its request while it is open, and a
+#: filter of list flags is a few hundred bytes (``resourceSubscriptions`` is not honoured here).
+MAX_LISTEN_BODY_BYTES: Final = 64 * 1024
 
 
 class Aggregate:
@@ -84,6 +76,7 @@ class Aggregate:
         self.page_size = settings.page_size
         self.max_member_pages = settings.max_member_pages
         self.parts = PartFetcher(proxy)
+        self.collector = MemberCollector(proxy, self.parts, self.names, settings.max_member_pages)
         self.hub = ListenHub(self.members, settings.max_listen_streams, config.listener.write_timeout_s)
         #: The composed answer varies on whatever any of its parts varies on.
         self.vary = any(config.vary_on_capabilities(m) for m in self.members)
@@ -105,6 +98,7 @@ class Aggregate:
         try:
             proxy.check_host(request)
             proxy.check_origin(request)
+            self.check_listen_size(request)
             ex.body = await proxy.read_body(request)
             try:
                 parsed = parse_request(ex.body, request.headers)
@@ -122,6 +116,16 @@ class Aggregate:
         finally:
             proxy.record(ex, response, started, ROUTE)
         return response
+
+    def check_listen_size(self, request: web.Request) -> None:
+        """A listen request (by its ``Mcp-Method``) over :data:`MAX_LISTEN_BODY_BYTES` is refused
+        before its body is read, once the caller's token is checked (HTTP 413)."""
+        if (
+            request.headers.get(H_METHOD) == "subscriptions/listen"
+            and (request.content_length or 0) > MAX_LISTEN_BODY_BYTES
+        ):
+            self.proxy.check_auth(request, None)
+            raise _listen_too_large(None)
 
     async def handle_other(self, request: web.Request) -> web.Response:
         """``GET``/``DELETE /mcp``: a modern-only endpoint has no stream to open or session to
@@ -148,7 +152,7 @@ class Aggregate:
             return await self.call(ex, parsed)
         if method == "subscriptions/listen":
             return await self.listen(ex, parsed)
-        raise NotFound(f"Method not found: {_quoted(method)} is not served on /mcp", request_id=parsed.request_id)
+        raise NotFound(f"Method not found: {quoted(method)} is not served on /mcp", request_id=parsed.request_id)
 
     @staticmethod
     def _unsupported(parsed: ParsedRequest, requested: str | None) -> UnsupportedProtocolVersion:
@@ -177,7 +181,7 @@ class Aggregate:
         target = self.names.resolve_uri(exposed) if field == "uri" else self.names.resolve(exposed)
         if target is None or target[0] not in self.active():
             raise InvalidParams(
-                f"Invalid params: {field} {_quoted(exposed)} names nothing served on /mcp",
+                f"Invalid params: {field} {quoted(exposed)} names nothing served on /mcp",
                 request_id=parsed.request_id,
             )
         member, own = target
@@ -220,6 +224,11 @@ class Aggregate:
         )
         try:
             part = await self.parts.fetch(self.proxy.upstreams[member], member_parsed, body, ex.request, uri)
+        except MemberFailed as err:  # as on the member's own route: the caller's id, upstream-error
+            ex.cache = ex.lookup = "miss"
+            ex.fwd, ex.detail = "miss", "upstream-error"
+            err.request_id = parsed.request_id
+            raise
         except MemberError as err:
             ex.cache = ex.lookup = "miss"
             ex.fwd = "miss"
@@ -244,7 +253,7 @@ class Aggregate:
         self._outcome(ex, [part], ttl if type(ttl) is int else 0, not part.stale)
         if key is not None and part.entry is not None:
             self._store(ex, key, message, [part])
-        body = dumps(message)
+        body = _render(message, parsed.request_id)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
 
@@ -253,6 +262,9 @@ class Aggregate:
     async def listen(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
         """A listen stream from the hub; it offers the list flags some active member reports, or
         may report (not probed yet, on this replica: its changes will reach the hub all the same)."""
+        assert ex.body is not None
+        if len(ex.body) > MAX_LISTEN_BODY_BYTES:
+            raise _listen_too_large(parsed.request_id)
         offered: set[str] = set()
         if self.listening:
             for name in self.active():
@@ -297,7 +309,7 @@ class Aggregate:
             if isinstance(entry, ComposedEntry) and entry.current(store.get):
                 return self.proxy.hit(ex, entry, collapsed=False)
         members = self.active()
-        lists = await asyncio.gather(*(self._member(name, ex, parsed) for name in members))
+        lists = await asyncio.gather(*(self.collector.collect(name, ex, parsed) for name in members))
         if members and not any(got.parts for got in lists):
             ex.fwd, ex.detail = "miss", "upstream-error"
             reasons = "; ".join(f"{name}: {got.problem}" for name, got in zip(members, lists, strict=True))
@@ -305,16 +317,17 @@ class Aggregate:
         parts = [part for got in lists for part in got.parts]
         complete = all(got.complete for got in lists)
         if method == "server/discover":
-            result = self._discover([got.parts[0].result for got in lists if got.parts], members, lists)
+            info = {"name": "mcp-gateway", "version": __version__}
+            result = discover_result(members, lists, self.names.separator, info)
         else:
-            result = self._page(method, members, lists, page, list_fingerprint, parsed.request_id)
+            result = page_of(method, lists, page, list_fingerprint, self.page_size, parsed.request_id)
         ttl_ms, scope = hints(parts, complete)
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
         message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
         self._outcome(ex, parts, ttl_ms, complete)
         if key is not None and complete and scope == "public" and ttl_ms > 0 and all(p.entry for p in parts):
             self._store(ex, key, message, parts)
-        body = dumps(message)
+        body = _render(message, parsed.request_id)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
 
@@ -334,102 +347,27 @@ class Aggregate:
     def _store(self, ex: Exchange, key: CacheKey, message: dict[str, Any], parts: list[Part]) -> None:
         proxy = self.proxy
         rendered = build_entry(message, proxy.clock(), proxy.forwarder.max_ttl_ms)
-        if rendered is not None:
+        if rendered is not None and rendered.size <= proxy.forwarder.max_entry_bytes:
             entry = ComposedEntry.of(rendered, parts)
             if proxy.store.put(key, entry):
                 ex.stored_ttl_ms = entry.ttl_ms
                 proxy.update_size_gauges()
 
-    async def _member(self, name: str, ex: Exchange, parsed: ParsedRequest) -> _MemberList:
-        """Every page of member ``name``'s answer to ``parsed`` (one for ``server/discover``),
-        each request the caller's body with only ``params.cursor`` changed."""
-        upstream = self.proxy.upstreams[name]
-        params = {k: v for k, v in (parsed.params or {}).items() if k != "cursor"}
-        assert ex.body is not None
-        body = ex.body if "cursor" not in (parsed.params or {}) else with_cursor(ex.body, None)
-        parts: list[Part] = []
-        try:
-            for _ in range(self.max_member_pages):
-                member_parsed = ParsedRequest(
-                    "request", parsed.request_id, parsed.method, parsed.era, parsed.version, params, parsed.cache_bypass
-                )
-                part = await self.parts.fetch(upstream, member_parsed, body, ex.request)
-                parts.append(part)
-                cursor = part.result.get("nextCursor") if parsed.method != "server/discover" else None
-                if type(cursor) is not str:
-                    return _MemberList(parts, not any(p.stale for p in parts))
-                params = {**params, "cursor": cursor}
-                body = with_cursor(body, cursor)
-        except (*MemberFailed, MemberError) as err:
-            log.info("/mcp: left %s out of a %s answer: %s", name, parsed.method, err.message)
-            return _MemberList([], False, err.message)
-        log.info(
-            "/mcp: %s has more than %d pages of %s; the rest is left out", name, self.max_member_pages, parsed.method
-        )
-        return _MemberList(parts, False)
 
-    def _page(
-        self,
-        method: str,
-        members: Sequence[str],
-        lists: Sequence[_MemberList],
-        page: int,
-        list_fingerprint: bytes | None,
-        request_id: object,
-    ) -> dict[str, Any]:
-        """Page ``page`` of the members' items under their exposed names, with the cursor of the
-        next page if there is one.
-
-        Raises:
-            InvalidParams: the cursor's list has changed since, or it names a page past the end.
-        """
-        field = LIST_FIELDS[method]
-        items = [
-            item
-            for name, got in zip(members, lists, strict=True)
-            for part in got.parts
-            for item in exposed_items(method, name, part.result.get(field), self.names)
-        ]
-        try:
-            current = fingerprint(dumps(items))
-        except ValueError as exc:  # a number beyond the float range in a member's list
-            raise BadGateway("a member's list cannot be written back as JSON", request_id=request_id) from exc
-        pages = max(1, math.ceil(len(items) / self.page_size))
-        if list_fingerprint is not None and (list_fingerprint != current or page >= pages):
-            raise InvalidParams(
-                "Invalid params: the list has changed since this cursor was given; list again from the start",
-                request_id=request_id,
-            )
-        start = page * self.page_size
-        result: dict[str, Any] = {field: items[start : start + self.page_size]}
-        if page + 1 < pages:
-            result["nextCursor"] = mint_cursor(page + 1, current)
-        return result
-
-    def _discover(
-        self, results: Sequence[Mapping[str, Any]], members: Sequence[str], lists: Sequence[_MemberList]
-    ) -> dict[str, Any]:
-        """``server/discover`` of ``/mcp``: the versions every answering member speaks, the union
-        of their capabilities, instructions naming the members."""
-        sep = self.names.separator
-        answered = [name for name, got in zip(members, lists, strict=True) if got.parts]
-        lines = [
-            f"One MCP server made of {len(answered)} members: {', '.join(answered)}. Tools and prompts are "
-            f"named <member>{sep}<name>; resources mcp-gateway:<member>/<uri>."
-        ]
-        for name, got in zip(members, lists, strict=True):
-            text = got.parts[0].result.get("instructions") if got.parts else None
-            if isinstance(text, str) and text:
-                lines.append(f"{name}: {text}")
-        return {
-            "supportedVersions": supported_versions(results, MODERN_VERSIONS),
-            "capabilities": capabilities_union(results),
-            "instructions": "\n\n".join(lines),
-            "_meta": {SERVER_INFO_KEY: {"name": "mcp-gateway", "version": __version__}},
-        }
+def _listen_too_large(request_id: object) -> PayloadTooLarge:
+    err = PayloadTooLarge(
+        f"a subscriptions/listen request over {MAX_LISTEN_BODY_BYTES} bytes is refused on /mcp: its stream "
+        "would hold it for as long as it stays open",
+        request_id=request_id,
+    )
+    err.close_connection = True  # the body was not read
+    return err
 
 
-def _quoted(value: object) -> str:
-    """``value`` for an error message, cut short: a caller's name may be megabytes long."""
-    text = repr(value)
-    return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."
+def _render(message: Mapping[str, Any], request_id: object) -> bytes:
+    """The JSON of an answer. Raises :class:`BadGateway` when a member's part of it cannot be
+    written back (a number beyond the float range, nesting too deep)."""
+    try:
+        return dumps(message)
+    except ValueError as exc:
+        raise BadGateway("a member's answer cannot be written back as JSON", request_id=request_id) from exc

@@ -170,17 +170,17 @@ class PartFetcher:
                 elif entry is not None:
                     cluster.share(key, entry)
         if entry is not None:
-            return Part(result, entry.ttl_ms, True, key, entry, fetched=True)
+            return Part(result, entry.ttl_ms, True, key, entry, fetched=True, size=size)
         ttl = result.get("ttlMs")
         ttl_ms = ttl if type(ttl) is int and ttl > 0 else 0
-        return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True)
+        return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True, size=size)
 
     def _from_entry(self, key: CacheKey, entry: CacheEntry, *, stale: bool = False) -> Part:
         """The part a cache entry holds, with the freshness it has left (0 for a stale one)."""
         now = self.clock()
         message: dict[str, Any] = loads(entry.response(b"0", now))
         ttl_ms = 0 if stale else entry.remaining_ms(now)
-        return Part(message["result"], ttl_ms, True, key, None if stale else entry, stale)
+        return Part(message["result"], ttl_ms, True, key, None if stale else entry, stale, size=entry.size)
 
 
 class MemberError(GatewayError):

@@ -1,0 +1,116 @@
+"""One member's part of a composed answer of ``POST /mcp``: every page of its answer, bounded.
+
+A member's pages are followed one after another (each cursor from the page before), all of them
+within the member's ``timeout_s``, up to ``max_member_pages`` and the member's
+``max_response_bytes`` in all, and never round a cursor loop; the pages come through the cache
+(:mod:`.parts`). A member that fails is left out of the answer; one cut short keeps what was read.
+Either way the answer is incomplete: ``ttlMs`` 0, not stored (:mod:`.compose`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Final
+
+from ..codec import dumps
+from ..protocol import ParsedRequest
+from ..proxy import Proxy
+from ..proxy.exchange import Exchange
+from ..upstream import Upstream
+from .compose import LIST_FIELDS, MemberList, Part, exposed_items
+from .names import Names
+from .parts import MemberError, MemberFailed, PartFetcher
+from .rewrite import with_cursor
+
+__all__ = ["MemberCollector", "quoted"]
+
+log = logging.getLogger("mcp_gateway.aggregate")
+
+#: How much of a caller's or a member's string an error or log message quotes.
+_QUOTED_CHARS: Final = 80
+
+
+class MemberCollector:
+    """Collects members' parts through ``parts`` (:class:`~.parts.PartFetcher`), naming their
+    items with ``names``."""
+
+    def __init__(self, proxy: Proxy, parts: PartFetcher, names: Names, max_member_pages: int) -> None:
+        self.upstreams: Mapping[str, Upstream] = proxy.upstreams
+        self.parts = parts
+        self.names = names
+        self.max_member_pages = max_member_pages
+
+    async def collect(self, name: str, ex: Exchange, parsed: ParsedRequest) -> MemberList:
+        """Member ``name``'s part of the answer to ``parsed``: every page of it (:meth:`pages`),
+        all within the member's ``timeout_s``, and for a list its items under their exposed
+        names. A member that fails, or whose items cannot be written back as JSON, is left out
+        (the others are still answered); one whose pages are cut short keeps what was read."""
+        upstream = self.upstreams[name]
+        timeout_s = upstream.config.timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                got = await self.pages(upstream, ex, parsed)
+        except TimeoutError:
+            got = MemberList([], False, f"its pages took longer than its timeout_s ({timeout_s:g} s)")
+        except (*MemberFailed, MemberError) as err:
+            got = MemberList([], False, err.message)
+        method = parsed.method or ""
+        if method in LIST_FIELDS and got.parts:
+            got.items = [
+                item
+                for part in got.parts
+                for item in exposed_items(method, name, part.result.get(LIST_FIELDS[method]), self.names)
+            ]
+            try:
+                got.rendered = dumps(got.items)
+            except ValueError:  # a number beyond the float range, or nesting too deep to write
+                got = MemberList([], False, "its list cannot be written back as JSON")
+        if got.problem is not None:
+            if got.parts:
+                log.info("/mcp: %s's %s cut short: %s", name, method, got.problem)
+            else:
+                log.info("/mcp: left %s out of a %s answer: %s", name, method, got.problem)
+        return got
+
+    async def pages(self, upstream: Upstream, ex: Exchange, parsed: ParsedRequest) -> MemberList:
+        """The pages of ``upstream``'s answer to ``parsed`` (one for ``server/discover``), each
+        request the caller's body with only ``params.cursor`` changed. Cut short (incomplete)
+        after ``max_member_pages``, at a cursor already followed, or past the member's
+        ``max_response_bytes`` in all.
+
+        Raises:
+            BadGateway, GatewayTimeout, Overloaded, MemberError: a page could not be had.
+        """
+        params = {k: v for k, v in (parsed.params or {}).items() if k != "cursor"}
+        assert ex.body is not None
+        body = ex.body if "cursor" not in (parsed.params or {}) else with_cursor(ex.body, None)
+        parts: list[Part] = []
+        followed: set[str] = set()
+        size = 0
+        budget = upstream.config.max_response_bytes
+        for _ in range(self.max_member_pages):
+            member_parsed = ParsedRequest(
+                "request", parsed.request_id, parsed.method, parsed.era, parsed.version, params, parsed.cache_bypass
+            )
+            part = await self.parts.fetch(upstream, member_parsed, body, ex.request)
+            parts.append(part)
+            size += part.size
+            cursor = part.result.get("nextCursor") if parsed.method != "server/discover" else None
+            if type(cursor) is not str:
+                return MemberList(parts, not any(p.stale for p in parts))
+            if cursor in followed:
+                return MemberList(parts, False, f"its nextCursor {quoted(cursor)} came back again")
+            if size > budget:
+                return MemberList(parts, False, f"its pages are over its max_response_bytes ({budget}) together")
+            followed.add(cursor)
+            params = {**params, "cursor": cursor}
+            body = with_cursor(body, cursor)
+        return MemberList(parts, False, f"it has more than max_member_pages ({self.max_member_pages}) pages")
+
+
+def quoted(value: object) -> str:
+    """``value`` for an error or log message, cut short: a caller's name may be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."
