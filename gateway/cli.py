@@ -425,7 +425,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check-config":
             config = _load(args.path)
-            print(f"{args.path}: ok ({len(config.upstreams)} upstreams: {', '.join(config.upstreams) or 'none'})")
+            summary = f"{len(config.upstreams)} upstreams: {', '.join(config.upstreams) or 'none'}"
+            if config.aggregate is not None:
+                summary += f"; POST /mcp of {', '.join(config.aggregate_members())}"
+            print(f"{args.path}: ok ({summary})")
             return 0
         if args.command == "serve":
             setup_logging(args.log_level, args.log_format)
