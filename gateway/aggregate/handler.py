@@ -137,6 +137,9 @@ class Aggregate:
 
     async def answer(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
         """Everything after the token check."""
+        if parsed.method == "initialize" and parsed.version in MODERN_VERSIONS:
+            # Removed in 2026-07-28: well-formed but for its method, it is unknown (HTTP 404).
+            raise NotFound("Method not found: initialize is not part of 2026-07-28", request_id=parsed.request_id)
         if parsed.era == "legacy" or parsed.kind == "response":
             requested = parsed.params.get("protocolVersion") if parsed.params else None
             raise self._unsupported(parsed, requested if type(requested) is str else parsed.version)
@@ -183,6 +186,8 @@ class Aggregate:
             raise InvalidParams(
                 f"Invalid params: {field} {quoted(exposed)} names nothing served on /mcp",
                 request_id=parsed.request_id,
+                # A resource that is not there says which (MCP 2026-07-28, server/resources, 'Error Handling').
+                data={"uri": exposed} if field == "uri" and type(exposed) is str else None,
             )
         member, own = target
         if method == "resources/read":

@@ -161,6 +161,17 @@ async def test_initialize_is_32022_with_the_supported_versions(
     await nothing_asked(public_up)
 
 
+async def test_a_modern_initialize_is_an_unknown_method_404(
+    gw: RunningGateway, http: aiohttp.ClientSession, public_up: Upstream
+) -> None:
+    # initialize is removed in 2026-07-28: sent as a modern request, it is a method /mcp does not
+    # know (404/-32601, as the conformance suite checks), not a version it does not speak.
+    body = json.dumps(body_of("initialize", {}, id=7)).encode()
+    reply = await post(http, agg_url(gw), body, mcp_headers("initialize"))
+    assert error_of(reply) == (404, -32601, 7), reply.raw
+    await nothing_asked(public_up)
+
+
 @pytest.mark.parametrize("version_header", [{"MCP-Protocol-Version": LEGACY_V}, {}])
 async def test_a_legacy_request_without_meta_is_32022(
     gw: RunningGateway, http: aiohttp.ClientSession, public_up: Upstream, version_header: dict[str, str]
