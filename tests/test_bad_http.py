@@ -20,8 +20,6 @@ import subprocess
 import sys
 import time
 import types
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +31,7 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong, TransferEncodin
 
 from gateway import httpserver
 
-from .support.fleet import HOST, free_port
+from .support.fleet import HOST, free_port, healthy
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,7 +40,6 @@ MARKER = b"SECRET-MARKER-123"
 AUTH = b"Authorization: Bearer " + MARKER
 POST = b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n" + AUTH + b"\r\nContent-Type: application/json\r\n"
 MCP = b"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/list\r\n"
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never an http_proxy
 
 #: One request of each kind aiohttp's parser refuses; the marker is in ``Authorization`` and,
 #: where it can be, in the offending bytes themselves (which aiohttp quotes).
@@ -69,14 +66,6 @@ class Gateway:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
-
-
-def healthy(port: int) -> bool:
-    try:
-        with _DIRECT.open(f"http://{HOST}:{port}/healthz", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (OSError, urllib.error.URLError):
-        return False
 
 
 @contextlib.contextmanager

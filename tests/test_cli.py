@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .support.fleet import HOST, free_port
+from .support.fleet import DIRECT, HOST, free_port, healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 20.0
@@ -52,18 +52,6 @@ def serve(*args: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProce
     """``mcp-gateway serve ARGS`` run to its end (a start-up failure ends it at once)."""
     argv = [*prefix, sys.executable, "-m", "gateway.cli", "serve", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=ROOT)
-
-
-_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never an http_proxy from the environment
-
-
-def healthy(port: int) -> bool:
-    """``GET /healthz`` on a new connection answers 200."""
-    try:
-        with _DIRECT.open(f"http://{HOST}:{port}/healthz", timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (OSError, urllib.error.URLError):
-        return False
 
 
 @contextlib.contextmanager
@@ -236,5 +224,5 @@ def test_the_host_check_follows_the_address_serve_binds_not_the_one_in_the_file(
     with running(path, port, "--host", HOST):
         request = urllib.request.Request(f"http://{HOST}:{port}/registry/versions", headers={"Host": "evil.example"})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            _DIRECT.open(request, timeout=5)
+            DIRECT.open(request, timeout=5)
         assert refused.value.code == 421

@@ -22,7 +22,6 @@ import uvicorn
 from mcp import Client
 from mcp.server.caching import CacheHint
 from mcp.server.lowlevel import Server
-from multidict import CIMultiDictProxy
 from pydantic import BaseModel
 
 from .support import (
@@ -37,10 +36,10 @@ from .support import (
     V,
     mcp_headers,
     sse_events,
-    sse_messages,
     wire,
 )
 from .support.fleet import Upstream, fetch_counts, fetch_requests, reset_counts, run_server
+from .support.reply import Reply
 
 CLIENT_INFO = {"name": "e2e-tests", "version": "1.0.0"}
 ELICIT_CAPS = {"elicitation": {"form": {}}}
@@ -87,51 +86,6 @@ async def gw(
 
 
 # -- raw MCP over HTTP --------------------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    raw: bytes
-
-    @property
-    def cache_status(self) -> str:
-        return self.headers.get("Cache-Status", "")
-
-    @property
-    def cache_params(self) -> list[str]:
-        """The RFC 9211 ``Cache-Status`` member's cache name and parameters, e.g.
-        ``["mcp-gateway", "hit", "ttl=59"]``."""
-        return [part.strip() for part in self.cache_status.split(";")]
-
-    @property
-    def cache_hit(self) -> bool:
-        params = self.cache_params
-        assert params[0] == "mcp-gateway", self.cache_status
-        return "hit" in params[1:]
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("Content-Type", "").split(";")[0].strip()
-
-    def messages(self) -> list[dict[str, Any]]:
-        if self.content_type == "text/event-stream":
-            return sse_messages(self.raw)
-        return [json.loads(self.raw)]
-
-    @property
-    def json(self) -> dict[str, Any]:
-        """The JSON-RPC response (the last message carrying a result or an error)."""
-        responses = [m for m in self.messages() if "result" in m or "error" in m]
-        assert responses, f"no JSON-RPC response in {self.raw!r}"
-        return responses[-1]
-
-    @property
-    def result(self) -> dict[str, Any]:
-        msg = self.json
-        assert "result" in msg, f"expected a result, got {msg}"
-        return dict(msg["result"])
 
 
 def mcp_body(

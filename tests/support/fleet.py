@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,19 @@ SERVERS_DIR = REPO_ROOT / "tests" / "servers"
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT = 20.0
 STOP_TIMEOUT = 5.0
+
+
+#: Plain HTTP to 127.0.0.1, never through an http_proxy from the environment.
+DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def healthy(port: int) -> bool:
+    """``GET /healthz`` on a new connection to 127.0.0.1:``port`` answers 200."""
+    try:
+        with DIRECT.open(f"http://{HOST}:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def free_port() -> int:
