@@ -15,13 +15,14 @@ import pytest
 
 from ..support.fleet import Upstream, add_tool, fetch_counts
 from ..support.redis import RedisServer
+from ..support.replicas import Replicas
 from ..support.wire import mcp_headers, rpc
 from .conftest import StartReplicas
 from .test_replicas import cluster_config, eventually, unique, wait_for_listening_holder
 
 pytestmark = pytest.mark.timeout(90)
 
-AGGREGATE = {"aggregate": {"upstreams": ["pub", "chg"]}}
+AGGREGATE = {"upstreams": ["pub", "chg"]}
 
 
 async def aggregate_call(http: aiohttp.ClientSession, base_url: str, method: str = "tools/list") -> dict[str, Any]:
@@ -42,14 +43,19 @@ async def read_events(resp: aiohttp.ClientResponse, into: list[dict[str, Any]]) 
                     into.append(json.loads(line[5:]))
 
 
+@pytest.fixture
+async def replicas(
+    redis_server: RedisServer, start_replicas: StartReplicas, public_up: Upstream, changing_up: Upstream
+) -> Replicas:
+    """Three replicas whose /mcp is made of pub and chg."""
+    return await start_replicas(
+        cluster_config(redis_server, {"pub": public_up, "chg": changing_up}, aggregate=AGGREGATE)
+    )
+
+
 async def test_a_warm_aggregate_on_one_replica_is_composed_on_another_without_an_upstream_request(
-    redis_server: RedisServer,
-    start_replicas: StartReplicas,
-    http: aiohttp.ClientSession,
-    public_up: Upstream,
-    changing_up: Upstream,
+    replicas: Replicas, http: aiohttp.ClientSession, public_up: Upstream, changing_up: Upstream
 ) -> None:
-    replicas = await start_replicas(cluster_config(redis_server, {"pub": public_up, "chg": changing_up}, **AGGREGATE))
     first = await aggregate_call(http, replicas.base_url(0))
     names = [tool["name"] for tool in first["result"]["tools"]]
     assert "pub__add" in names and any(n.startswith("chg__") for n in names)
@@ -63,13 +69,8 @@ async def test_a_warm_aggregate_on_one_replica_is_composed_on_another_without_an
 
 
 async def test_a_tool_added_to_one_member_reaches_listen_clients_on_every_replica(
-    redis_server: RedisServer,
-    start_replicas: StartReplicas,
-    http: aiohttp.ClientSession,
-    public_up: Upstream,
-    changing_up: Upstream,
+    replicas: Replicas, http: aiohttp.ClientSession, public_up: Upstream, changing_up: Upstream
 ) -> None:
-    replicas = await start_replicas(cluster_config(redis_server, {"pub": public_up, "chg": changing_up}, **AGGREGATE))
     await wait_for_listening_holder(replicas, "chg")
     events: list[list[dict[str, Any]]] = []
     readers = []
