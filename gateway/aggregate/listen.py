@@ -42,12 +42,24 @@ _CHANGES: Final = frozenset({"notification", "stream_lost", "cluster"})
 
 
 class _Client:
-    """One client's stream: its id, the flags it was granted, what is waiting to be sent."""
+    """One client's stream: its id, the flags it was granted, the kinds of change waiting to be
+    sent (a set: however many changes come while it is being written to, at most one
+    notification of each kind waits), and whether the gateway is ending it."""
 
     def __init__(self, request_id: object, flags: Collection[str]) -> None:
         self.request_id = request_id
         self.flags = flags
-        self.pending: asyncio.Queue[str | None] = asyncio.Queue()  # a flag, or None: end
+        self.pending: set[str] = set()
+        self.ending = False
+        self.wake = asyncio.Event()
+
+    def tell(self, flag: str | None) -> None:
+        """A change of kind ``flag`` to send; ``None``: end the stream."""
+        if flag is None:
+            self.ending = True
+        else:
+            self.pending.add(flag)
+        self.wake.set()
 
     def event(self, method: str, params: dict[str, Any] | None = None) -> bytes:
         """An SSE event of notification ``method`` on this subscription."""
@@ -78,7 +90,7 @@ class ListenHub:
             if changed is None or methods & set(changed):
                 for client in self.clients:
                     if flag in client.flags:
-                        client.pending.put_nowait(flag)
+                        client.tell(flag)
 
     def granted(self, requested: object, offered: Collection[str]) -> dict[str, bool]:
         """The part of a client's filter this hub honours: the list flags some member can report
@@ -119,22 +131,16 @@ class ListenHub:
             await self._send(
                 request, out, client.event("notifications/subscriptions/acknowledged", {"notifications": granted})
             )
-            while True:
+            while not client.ending:
                 try:
-                    flag = await asyncio.wait_for(client.pending.get(), KEEPALIVE_S)
+                    await asyncio.wait_for(client.wake.wait(), KEEPALIVE_S)
                 except TimeoutError:
                     await self._send(request, out, b": keep-alive\n\n")
                     continue
-                if flag is None:
-                    break
-                sent = {flag}
-                while not client.pending.empty():  # one notification per kind for a burst
-                    more = client.pending.get_nowait()
-                    if more is None:
-                        break
-                    sent.add(more)
+                client.wake.clear()
+                due, client.pending = client.pending, set()
                 for name in FLAGS:
-                    if name in sent:
+                    if name in due:
                         await self._send(request, out, client.event(FLAGS[name][1]))
             result = {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_KEY: request_id}}
             final = dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
@@ -163,4 +169,4 @@ class ListenHub:
     def close(self) -> None:
         """End every stream gracefully (the app's shutdown)."""
         for client in self.clients:
-            client.pending.put_nowait(None)
+            client.tell(None)

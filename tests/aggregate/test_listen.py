@@ -161,3 +161,21 @@ async def test_listen_streams_past_max_listen_streams_are_503(
                 assert resp.status == 503
                 msg = await resp.json()
         assert msg["id"] == "x" and isinstance(msg["error"]["code"], int)
+
+
+async def test_on_shutdown_every_open_stream_ends_with_the_listen_result(
+    gw: RunningGateway, http: aiohttp.ClientSession
+) -> None:
+    async with listen(http, gw, "bye", {"toolsListChanged": True}) as stream:
+        assert (await stream.next())["method"] == "notifications/subscriptions/acknowledged"
+        closing = asyncio.create_task(gw.server.close())  # on_shutdown ends the streams
+        try:
+            final = await stream.next()
+        finally:
+            await closing
+        # MCP 2026-07-28, basic/patterns/subscriptions: a graceful end is the listen request's result.
+        assert final == {
+            "jsonrpc": "2.0",
+            "id": "bye",
+            "result": {"resultType": "complete", "_meta": {SUBSCRIPTION_ID: "bye"}},
+        }
