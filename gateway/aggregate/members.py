@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Final
 
@@ -28,6 +29,8 @@ __all__ = ["MemberCollector", "quoted"]
 
 log = logging.getLogger("mcp_gateway.aggregate")
 
+#: A member's problems are logged at most once this often, in seconds.
+LOG_EVERY_S: Final = 10.0
 #: How much of a caller's or a member's string an error or log message quotes.
 _QUOTED_CHARS: Final = 80
 
@@ -41,6 +44,8 @@ class MemberCollector:
         self.parts = parts
         self.names = names
         self.max_member_pages = max_member_pages
+        #: Per member: when its last line was logged, and how many lines were not since.
+        self._logged: dict[str, tuple[float, int]] = {}
 
     async def collect(self, name: str, ex: Exchange, parsed: ParsedRequest) -> MemberList:
         """Member ``name``'s part of the answer to ``parsed``: every page of it (:meth:`pages`),
@@ -68,11 +73,23 @@ class MemberCollector:
             except ValueError:  # a number beyond the float range, or nesting too deep to write
                 got = MemberList([], False, "its list cannot be written back as JSON")
         if got.problem is not None:
-            if got.parts:
-                log.info("/mcp: %s's %s cut short: %s", name, method, got.problem)
-            else:
-                log.info("/mcp: left %s out of a %s answer: %s", name, method, got.problem)
+            self._log(name, method, got)
         return got
+
+    def _log(self, name: str, method: str, got: MemberList) -> None:
+        """Say why ``name`` was left out or cut short: once per member per :data:`LOG_EVERY_S`
+        (every list request to ``/mcp`` meets a dead member again), with how many were not said."""
+        now = time.monotonic()
+        last, unsaid = self._logged.get(name, (-LOG_EVERY_S, 0))
+        if now - last < LOG_EVERY_S:
+            self._logged[name] = (last, unsaid + 1)
+            return
+        self._logged[name] = (now, 0)
+        more = f" ({unsaid} more times since the last line)" if unsaid else ""
+        if got.parts:
+            log.info("/mcp: %s's %s cut short: %s%s", name, method, got.problem, more)
+        else:
+            log.info("/mcp: left %s out of a %s answer: %s%s", name, method, got.problem, more)
 
     async def pages(self, upstream: Upstream, ex: Exchange, parsed: ParsedRequest) -> MemberList:
         """The pages of ``upstream``'s answer to ``parsed`` (one for ``server/discover``), each

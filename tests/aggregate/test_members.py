@@ -3,6 +3,7 @@ the registry's probes) is left out of ``/mcp`` and still served on its own route
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
@@ -14,7 +15,7 @@ from gateway.app import REGISTRY
 
 from ..fleet_registry import LEGACY_PYTHON, run_legacy_server
 from ..support import LEGACY_V, RunningGateway, StartGateway, V
-from ..support.fleet import Upstream
+from ..support.fleet import Upstream, free_port
 from .conftest import FAST_REGISTRY, FEATURE_TOOLS, agg, agg_url, aggregate_config, eventually, exposed, names, reset
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,3 +72,17 @@ async def test_a_legacy_member_is_still_served_on_its_own_route(gw: RunningGatew
         assert {t.name for t in (await c.list_tools()).tools} == {"add", "echo"}
     async with Client(agg_url(gw), mode=V, cache=None) as c:
         assert [t.name for t in (await c.list_tools()).tools] == [exposed("a", n) for n in FEATURE_TOOLS]
+
+
+async def test_a_dead_member_is_logged_once_not_on_every_list(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 17: a flood writes bounded log volume. Every /mcp list meets the dead member again.
+    await reset(public_up)
+    gw = await start_gateway(aggregate_config({"a": public_up, "d": f"http://127.0.0.1:{free_port()}/mcp"}))
+    with caplog.at_level(logging.INFO, logger="mcp_gateway.aggregate"):
+        for i in range(50):
+            reply = await agg(http, gw, "tools/list", id=i)
+            assert reply.status == 200 and "detail=partial" in reply.cache_params, reply.cache_status
+    lines = [r.getMessage() for r in caplog.records if r.name == "mcp_gateway.aggregate"]
+    assert len(lines) == 1 and lines[0].startswith("/mcp: left d out of a tools/list answer"), lines
