@@ -184,7 +184,11 @@ def create_app(
         async def end_listen_streams(app: web.Application) -> None:
             aggregate.hub.close()
 
+        async def end_part_fetches(app: web.Application) -> None:
+            await aggregate.parts.close()
+
         app.on_shutdown.append(end_listen_streams)
+        app.on_cleanup.append(end_part_fetches)
         app.router.add_post(ROUTE, aggregate.handle_post)
         for method in ("GET", "DELETE"):
             app.router.add_route(method, ROUTE, aggregate.handle_other)

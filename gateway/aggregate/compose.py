@@ -61,7 +61,8 @@ class Part:
     was read from or stored as (``None`` when it is not stored: private, no ``ttlMs``, ...);
     ``stale`` it is an expired entry answering for a member that failed (stale-if-error);
     ``fetched`` the member was asked for it by this request (not read from the cache); ``size``
-    its size in bytes, as received or stored.
+    its size in bytes, as received or stored; ``at`` when it was read (clock seconds: ``ttl_ms``
+    is what was left then); ``waited_s`` the seconds its lookup waited on the shared tier.
     """
 
     result: Mapping[str, Any]
@@ -72,6 +73,12 @@ class Part:
     stale: bool = False
     fetched: bool = False
     size: int = 0
+    at: float = 0.0
+    waited_s: float = 0.0
+
+    def ttl_left_ms(self, now: float) -> int:
+        """Milliseconds of freshness left at ``now`` (clock seconds), floored at 0."""
+        return max(0, math.floor(self.ttl_ms - (now - self.at) * 1000))
 
 
 class MemberList:
@@ -105,13 +112,14 @@ def exposed_items(method: str, member: str, items: object, names: Names) -> list
     return out
 
 
-def hints(parts: Iterable[Part], complete: bool) -> tuple[int, str]:
-    """``(ttlMs, cacheScope)`` of an answer made of ``parts``; ``complete`` is false when a member
+def hints(parts: Iterable[Part], complete: bool, now: float) -> tuple[int, str]:
+    """``(ttlMs, cacheScope)`` at ``now`` (clock seconds) of an answer made of ``parts``: the least
+    time any part has left then (composing takes time too); ``complete`` is false when a member
     was left out (then ``ttlMs`` is 0)."""
     ttl_ms = math.inf
     public = True
     for part in parts:
-        ttl_ms = min(ttl_ms, part.ttl_ms)
+        ttl_ms = min(ttl_ms, part.ttl_left_ms(now))
         public = public and part.public
     if not complete or ttl_ms == math.inf:
         ttl_ms = 0

@@ -48,8 +48,8 @@ from ..proxy.forward import error_code
 from ..registry import RegistryState
 from .compose import LIST_FIELDS, ComposedEntry, Part, discover_result, hints, page_of
 from .listen import FLAGS, ListenHub
-from .members import MemberCollector, quoted
-from .names import Names, read_cursor
+from .members import MemberCollector
+from .names import Names, quoted, read_cursor
 from .parts import MemberError, MemberFailed, PartFetcher
 from .rewrite import replace_value
 
@@ -326,7 +326,7 @@ class Aggregate:
             result = discover_result(members, lists, self.names.separator, info)
         else:
             result = page_of(method, lists, page, list_fingerprint, self.page_size, parsed.request_id)
-        ttl_ms, scope = hints(parts, complete)
+        ttl_ms, scope = hints(parts, complete, self.proxy.clock())
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
         message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
         self._outcome(ex, parts, ttl_ms, complete)

@@ -27,6 +27,10 @@ __all__ = ["KEEPALIVE_S", "ListenHub"]
 SUBSCRIPTION_ID_KEY: Final = "io.modelcontextprotocol/subscriptionId"
 #: A comment line this often keeps an idle stream's proxies and clients from timing it out.
 KEEPALIVE_S: Final = 15.0
+#: Changes heard within this long of the first are told as one notification: one change can
+#: reach a process more than once (its own purge and the cluster's echo of it; with --workers,
+#: each worker's own stream and the other's bus message), in seconds.
+SETTLE_S: Final = 0.2
 #: Filter flag -> (the list methods whose change it is about, the notification it asks for).
 FLAGS: Final[Mapping[str, tuple[frozenset[str], str]]] = {
     "toolsListChanged": (frozenset({"tools/list"}), "notifications/tools/list_changed"),
@@ -137,6 +141,8 @@ class ListenHub:
                 except TimeoutError:
                     await self._send(request, out, b": keep-alive\n\n")
                     continue
+                if not client.ending:
+                    await asyncio.sleep(SETTLE_S)  # the echoes of this change arrive meanwhile
                 client.wake.clear()
                 due, client.pending = client.pending, set()
                 for name in FLAGS:

@@ -21,18 +21,16 @@ from ..proxy import Proxy
 from ..proxy.exchange import Exchange
 from ..upstream import Upstream
 from .compose import LIST_FIELDS, MemberList, Part, exposed_items
-from .names import Names
+from .names import Names, quoted
 from .parts import MemberError, MemberFailed, PartFetcher
 from .rewrite import with_cursor
 
-__all__ = ["MemberCollector", "quoted"]
+__all__ = ["MemberCollector"]
 
 log = logging.getLogger("mcp_gateway.aggregate")
 
 #: A member's problems are logged at most once this often, in seconds.
 LOG_EVERY_S: Final = 10.0
-#: How much of a caller's or a member's string an error or log message quotes.
-_QUOTED_CHARS: Final = 80
 
 
 class MemberCollector:
@@ -55,8 +53,8 @@ class MemberCollector:
         upstream = self.upstreams[name]
         timeout_s = upstream.config.timeout_s
         try:
-            async with asyncio.timeout(timeout_s):
-                got = await self.pages(upstream, ex, parsed)
+            async with asyncio.timeout(timeout_s) as deadline:
+                got = await self.pages(upstream, ex, parsed, deadline)
         except TimeoutError:
             got = MemberList([], False, f"its pages took longer than its timeout_s ({timeout_s:g} s)")
         except (*MemberFailed, MemberError) as err:
@@ -91,11 +89,14 @@ class MemberCollector:
         else:
             log.info("/mcp: left %s out of a %s answer: %s%s", name, method, got.problem, more)
 
-    async def pages(self, upstream: Upstream, ex: Exchange, parsed: ParsedRequest) -> MemberList:
+    async def pages(
+        self, upstream: Upstream, ex: Exchange, parsed: ParsedRequest, deadline: asyncio.Timeout
+    ) -> MemberList:
         """The pages of ``upstream``'s answer to ``parsed`` (one for ``server/discover``), each
         request the caller's body with only ``params.cursor`` changed. Cut short (incomplete)
         after ``max_member_pages``, at a cursor already followed, or past the member's
-        ``max_response_bytes`` in all.
+        ``max_response_bytes`` in all. Time a page's lookup waited on the shared tier moves
+        ``deadline`` (the member's ``timeout_s``) on: a slow Redis must not cost a member its place.
 
         Raises:
             BadGateway, GatewayTimeout, Overloaded, MemberError: a page could not be had.
@@ -114,6 +115,8 @@ class MemberCollector:
             part = await self.parts.fetch(upstream, member_parsed, body, ex.request)
             parts.append(part)
             size += part.size
+            if part.waited_s and (when := deadline.when()) is not None:
+                deadline.reschedule(when + part.waited_s)
             cursor = part.result.get("nextCursor") if parsed.method != "server/discover" else None
             if type(cursor) is not str:
                 return MemberList(parts, not any(p.stale for p in parts))
@@ -125,9 +128,3 @@ class MemberCollector:
             params = {**params, "cursor": cursor}
             body = with_cursor(body, cursor)
         return MemberList(parts, False, f"it has more than max_member_pages ({self.max_member_pages}) pages")
-
-
-def quoted(value: object) -> str:
-    """``value`` for an error or log message, cut short: a caller's name may be megabytes long."""
-    text = repr(value)
-    return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."

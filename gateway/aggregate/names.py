@@ -22,7 +22,7 @@ from typing import Final
 
 from ..errors import InvalidParams
 
-__all__ = ["URI_SCHEME", "Names", "fingerprint", "mint_cursor", "read_cursor"]
+__all__ = ["URI_SCHEME", "Names", "fingerprint", "mint_cursor", "quoted", "read_cursor"]
 
 URI_SCHEME: Final = "mcp-gateway:"
 #: A cursor's bytes: version, page number (4 bytes, big-endian), fingerprint.
@@ -30,6 +30,8 @@ _CURSOR_VERSION: Final = 1
 _FINGERPRINT_BYTES: Final = 12
 _CURSOR_BYTES: Final = 1 + 4 + _FINGERPRINT_BYTES
 _MAX_CURSOR_CHARS: Final = 64
+#: How much of a caller's or a member's string an error or log message quotes.
+_QUOTED_CHARS: Final = 80
 
 
 class Names:
@@ -99,3 +101,9 @@ def read_cursor(cursor: object, request_id: object) -> tuple[int, bytes]:
 def _spelling(raw: bytes) -> str:
     """The one spelling of a cursor's bytes (unpadded base64url; other spellings are not cursors)."""
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def quoted(value: object) -> str:
+    """``value`` for an error or log message, cut short: a caller's name may be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."

@@ -10,6 +10,8 @@ tier, or goes to the member and stores what may be stored, as the proxy does
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -18,11 +20,13 @@ from ..cache import STORED, CacheEntry, CacheKey, Failed, Stale, make_key, store
 from ..cluster import Flight
 from ..codec import loads
 from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
-from ..protocol import H_NAME, ParsedRequest, encode_header_value
+from ..protocol import H_NAME, ParsedRequest, encode_header_value, method_label
 from ..proxy import Proxy
 from ..proxy.fetch import fetch_answer
+from ..proxy.forward import SUPERSEDING
 from ..upstream import Upstream
 from .compose import Part
+from .names import quoted
 
 __all__ = ["MemberFailed", "PartFetcher"]
 
@@ -38,6 +42,8 @@ class PartFetcher:
         self.forwarder = proxy.forwarder
         self.store = proxy.store
         self.clock = proxy.clock
+        #: The fetches this process leads for ``/mcp`` (each runs to its end for its followers).
+        self._leading: set[asyncio.Future[Part]] = set()
 
     def key(self, upstream: Upstream, parsed: ParsedRequest, request: web.Request) -> CacheKey | None:
         """The key of ``parsed`` on ``upstream``'s own route, ``None`` when it is not cached there."""
@@ -56,6 +62,10 @@ class PartFetcher:
         """``upstream``'s answer to ``body`` (``parsed``), sent with ``request``'s headers and, when
         given, ``mcp_name`` as its ``Mcp-Name``.
 
+        A fetch this request leads runs to its end even if the request stops waiting for it (a
+        member's pages out of time, the caller gone): the callers waiting on the same key get its
+        answer, not each a request of their own.
+
         Raises:
             BadGateway, GatewayTimeout, Overloaded: the member failed (or is at ``max_inflight``)
                 and no stale entry of it may answer.
@@ -69,7 +79,10 @@ class PartFetcher:
             return self._from_entry(key, entry)
         waiter = self.proxy.coalescer.claim(key)
         if waiter is None:
-            return await self._lead(upstream, key, body, request, parsed, mcp_name)
+            lead = asyncio.ensure_future(self._lead(upstream, key, body, request, parsed, mcp_name))
+            self._leading.add(lead)
+            lead.add_done_callback(self._led)
+            return await asyncio.shield(lead)
         got = await asyncio.shield(waiter)
         if isinstance(got, CacheEntry):
             return self._from_entry(key, got)
@@ -78,6 +91,17 @@ class PartFetcher:
         if isinstance(got, Failed):
             raise type(got.error)(got.error.message, request_id=parsed.request_id)
         return await self._send(upstream, None, body, request, parsed, mcp_name)  # not storable: ours alone
+
+    def _led(self, task: asyncio.Future[Part]) -> None:
+        self._leading.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: whoever still waited has had it
+
+    async def close(self) -> None:
+        """Cancel the fetches still under way (the app's shutdown)."""
+        for task in list(self._leading):
+            task.cancel()
+        await asyncio.gather(*self._leading, return_exceptions=True)
 
     async def _lead(
         self,
@@ -93,6 +117,7 @@ class PartFetcher:
         released: CacheEntry | Stale | Failed | None = None
         flight: Flight | None = None
         backoff = self.forwarder.backoff
+        waited_s = 0.0
         try:
             # A member failing just now, with a stale entry kept (stale-if-error): that answers,
             # without the member being asked again until its backoff ends (as on its own route).
@@ -100,16 +125,23 @@ class PartFetcher:
                 released = Stale(stale)
                 return self._from_entry(key, stale, stale=True)
             if cluster is not None:
+                started = time.perf_counter()
                 found = await cluster.lookup(key, upstream.config.timeout_s)
+                waited_s = time.perf_counter() - started
                 if found.entry is not None:
                     self.store.put(key, found.entry)
                     released = found.entry
-                    return self._from_entry(key, found.entry)
+                    return dataclasses.replace(self._from_entry(key, found.entry), waited_s=waited_s)
                 flight = found.flight
                 if found.stale is not None:
                     self.store.put_stale(key, found.stale)
             try:
                 part = await self._send(upstream, key, body, request, parsed, mcp_name, flight)
+            except Overloaded:
+                # Busy, not failing: no backoff, and the followers try for themselves.
+                if (stale := self.store.stale(key)) is None:
+                    raise
+                return self._from_entry(key, stale, stale=True)
             except MemberFailed as err:
                 backoff.failed(key, self.clock())
                 stale = self.store.stale(key)
@@ -119,7 +151,7 @@ class PartFetcher:
                 released = Stale(stale)
                 return self._from_entry(key, stale, stale=True)
             released = part.entry
-            return part
+            return dataclasses.replace(part, waited_s=waited_s)
         finally:
             self.proxy.coalescer.release(key, released)
             if flight is not None and cluster is not None:
@@ -136,51 +168,79 @@ class PartFetcher:
         flight: Flight | None = None,
     ) -> Part:
         """Send ``body`` to ``upstream`` and read the answer whole; store it under ``key`` when
-        the cache policy allows (:func:`~gateway.cache.store_outcome`)."""
+        the cache policy allows (:func:`~gateway.cache.store_outcome`), as the proxy would."""
         if upstream.inflight >= upstream.config.max_inflight:
             raise Overloaded(f"upstream {upstream.name} has {upstream.inflight} requests in flight")
         headers = upstream.request_headers(request.headers, allow_authorization=self.forwarder.allow_authorization)
         if mcp_name is not None:
             headers[H_NAME] = encode_header_value(mcp_name)
         purges = self.store.purges
+        method = method_label(parsed.method)
         upstream.inflight += 1
+        started = time.perf_counter()
         try:
             status, message, size = await fetch_answer(upstream, body, headers, parsed.request_id)
         finally:
             upstream.inflight -= 1
+            self.forwarder.metrics.request_metrics.upstream_request(
+                upstream.name, method, time.perf_counter() - started
+            )
         if status >= 500 or "error" in message:
             raise MemberError.of(upstream.name, status, message, parsed.request_id)
         result = message.get("result")
         if not isinstance(result, dict):
             raise BadGateway(f"upstream {upstream.name} answered without a result", request_id=parsed.request_id)
-        entry: CacheEntry | None = None
-        if key is not None:
-            outcome = store_outcome(status, message, size, self.forwarder.max_entry_bytes)
-            if outcome == STORED and self.store.purges == purges:
-                entry = self.forwarder.build(upstream.name, message)
-                if entry is None or not self.store.put(key, entry):
-                    outcome, entry = "refused", None
-            self.forwarder.metrics.cache_stores.labels(upstream.name, parsed.method or "", outcome).inc()
-            self.forwarder.update_size_gauges()
-            self.forwarder.backoff.succeeded(key)
-            cluster = self.proxy.cluster
-            if cluster is not None:
-                if flight is not None:
-                    cluster.finish(flight, key, entry)
-                elif entry is not None:
-                    cluster.share(key, entry)
+        entry = self._store(upstream, key, flight, method, status, message, size, purges) if key is not None else None
+        now = self.clock()
         if entry is not None:
-            return Part(result, entry.ttl_ms, True, key, entry, fetched=True, size=size)
+            return Part(result, entry.ttl_ms, True, key, entry, fetched=True, size=size, at=now)
         ttl = result.get("ttlMs")
         ttl_ms = ttl if type(ttl) is int and ttl > 0 else 0
-        return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True, size=size)
+        return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True, size=size, at=now)
+
+    def _store(
+        self,
+        upstream: Upstream,
+        key: CacheKey,
+        flight: Flight | None,
+        method: str,
+        status: int,
+        message: dict[str, Any],
+        size: int,
+        purges: int,
+    ) -> CacheEntry | None:
+        """Store a part's answer under ``key`` as the proxy would (``Forwarder._maybe_store``):
+        not after a purge since it was sent (``purges``), and an answer the member says may not
+        be shared ends the key's stale window; with ``[cluster]``, in the shared tier too."""
+        forwarder, cluster = self.forwarder, self.proxy.cluster
+        outcome = store_outcome(status, message, size, forwarder.max_entry_bytes)
+        entry: CacheEntry | None = None
+        if outcome == STORED and self.store.purges != purges:
+            outcome = "refused"
+        elif outcome == STORED:
+            entry = forwarder.build(upstream.name, message)
+            if entry is None or not self.store.put(key, entry):
+                outcome, entry = "refused", None
+        elif outcome in SUPERSEDING:
+            self.store.supersede(key)
+            if cluster is not None:
+                cluster.supersede(key)
+        forwarder.metrics.cache_stores.labels(upstream.name, method, outcome).inc()
+        forwarder.update_size_gauges()
+        forwarder.backoff.succeeded(key)
+        if cluster is not None:
+            if flight is not None:
+                cluster.finish(flight, key, entry)
+            elif entry is not None:
+                cluster.share(key, entry)
+        return entry
 
     def _from_entry(self, key: CacheKey, entry: CacheEntry, *, stale: bool = False) -> Part:
         """The part a cache entry holds, with the freshness it has left (0 for a stale one)."""
         now = self.clock()
         message: dict[str, Any] = loads(entry.response(b"0", now))
         ttl_ms = 0 if stale else entry.remaining_ms(now)
-        return Part(message["result"], ttl_ms, True, key, None if stale else entry, stale, size=entry.size)
+        return Part(message["result"], ttl_ms, True, key, None if stale else entry, stale, size=entry.size, at=now)
 
 
 class MemberError(GatewayError):
@@ -196,6 +256,10 @@ class MemberError(GatewayError):
     def of(cls, member: str, status: int, answer: Any, request_id: object) -> MemberError:
         err = answer.get("error") if isinstance(answer, dict) else None
         detail = err.get("message") if isinstance(err, dict) else None
+        # The member's text, cut short: it goes into a log line and an error message.
         return cls(
-            f"upstream {member} answered HTTP {status}: {detail!r}", request_id=request_id, answer=answer, status=status
+            f"upstream {member} answered HTTP {status}: {quoted(detail)}",
+            request_id=request_id,
+            answer=answer,
+            status=status,
         )

@@ -88,6 +88,8 @@ class Exchange:
     large: bool = False
     #: The ``Mcp-Name`` to send upstream in place of the caller's (``POST /mcp`` rewrites names).
     mcp_name: str | None = None
+    #: The store's purge count when the request went upstream (its answer is not stored after one).
+    purges: int | None = None
 
     def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:
         self.request = request

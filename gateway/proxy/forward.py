@@ -46,13 +46,13 @@ from ..upstream import RESPONSE_HEADERS, Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange
 from .fetch import fetch_answer, final_response
 
-__all__ = ["Forwarder", "error_code"]
+__all__ = ["SUPERSEDING", "Forwarder", "error_code"]
 
 log = logging.getLogger("mcp_gateway.proxy")
 
 #: Store outcomes that are the upstream's word that its newest answer may not be shared: the
 #: older entry is no longer served stale nor refreshed (``CacheStore.supersede``).
-_SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
+SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -146,6 +146,7 @@ class Forwarder:
             err.request_id = ex.request_id
             raise
         ex.fwd = fwd
+        ex.purges = self.store.purges  # an answer that crosses a purge may be what it was for
         if listen:
             upstream.listening += 1
         else:
@@ -274,7 +275,7 @@ class Forwarder:
             if entry is None:
                 outcome = "unstored"
                 self.refresh_backoff.failed(key, self.clock())  # not refreshed again for a while
-                if result in _SUPERSEDING:
+                if result in SUPERSEDING:
                     self.store.supersede(key)
                     if self.cluster is not None:
                         self.cluster.supersede(key)
@@ -436,12 +437,14 @@ class Forwarder:
         assert ex.key is not None
         result = store_outcome(status, message, size, self.max_entry_bytes)
         entry: CacheEntry | None = None
-        if result == STORED:
+        if result == STORED and self.store.purges != ex.purges:
+            result = "refused"  # purged while it was on its way: this answer may be what the purge was for
+        elif result == STORED:
             assert isinstance(message, dict)
             entry = self.build(upstream.name, message)
             if entry is None or not self.store.put(ex.key, entry):
                 result, entry = "refused", None
-        elif result in _SUPERSEDING:
+        elif result in SUPERSEDING:
             self.store.supersede(ex.key)  # an entry kept stale must not outlive this answer
             if self.cluster is not None:
                 self.cluster.supersede(ex.key)

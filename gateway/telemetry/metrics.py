@@ -169,6 +169,13 @@ class RequestMetrics:
             store[key][-1] += total
         return counts, sums
 
+    def upstream_request(self, upstream: str, method: str, seconds: float) -> None:
+        """One request the gateway made of ``upstream`` that no caller's record carries (a part
+        of an answer of ``POST /mcp``), into ``mcp_gateway_upstream_request_duration_seconds``."""
+        counts, sums = self._observe(self._upstream_durations, [(upstream, method)], [seconds])
+        if self._shared is not None:
+            self._shared.add({}, {}, counts, sums)
+
     def requests(self, upstream: str, method: str, status: int) -> int:
         """``mcp_gateway_requests_total`` of one series (every request recorded so far)."""
         self._before_collect()
