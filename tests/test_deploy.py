@@ -96,8 +96,10 @@ def promtool_path() -> str:
     """promtool, or a test failure (never a skip) when it is missing."""
     path = os.environ.get("PROMTOOL") or shutil.which("promtool")
     if not path:
-        pytest.fail("promtool is not installed: run `scripts/check-deploy.sh install` "
-                    "(or apt-get install -y --no-install-recommends prometheus)")
+        pytest.fail(
+            "promtool is not installed: run `scripts/check-deploy.sh install` "
+            "(or apt-get install -y --no-install-recommends prometheus)"
+        )
     return path
 
 
@@ -229,8 +231,7 @@ def test_hit_ratios_count_hits_from_the_shared_tier():
 # ------------------------------------------------------------- grafana
 def test_dashboard_check_and_promql_parse():
     promtool = promtool_path()
-    proc = run([sys.executable, str(DEPLOY / "tools" / "check_dashboard.py"),
-                "--promtool", promtool, str(DASHBOARD)])
+    proc = run([sys.executable, str(DEPLOY / "tools" / "check_dashboard.py"), "--promtool", promtool, str(DASHBOARD)])
     assert proc.returncode == 0, output(proc)
     assert "parsed by promtool" in proc.stdout
 
@@ -273,12 +274,12 @@ def test_manifest_schema_validation():
 
 
 def test_manifest_validation_catches_unknown_field(tmp_path):
-    venv_python = pathlib.Path(os.environ.get(
-        "DEPLOY_TOOLS_DIR", ROOT / ".tools" / "deploy")) / "venv" / "bin" / "python"
+    venv_python = (
+        pathlib.Path(os.environ.get("DEPLOY_TOOLS_DIR", ROOT / ".tools" / "deploy")) / "venv" / "bin" / "python"
+    )
     if not venv_python.exists():
         pytest.fail(f"validators not installed ({venv_python}): run scripts/check-deploy.sh install")
-    bad = (K8S / "deployment.yaml").read_text().replace(
-        "readOnlyRootFilesystem:", "readOnlyRootFileSystem:")
+    bad = (K8S / "deployment.yaml").read_text().replace("readOnlyRootFilesystem:", "readOnlyRootFileSystem:")
     (tmp_path / "deployment.yaml").write_text(bad)
     proc = run([str(venv_python), str(DEPLOY / "tools" / "validate_manifests.py"), str(tmp_path)])
     assert proc.returncode == 1, output(proc)
@@ -354,8 +355,7 @@ def test_configmap_toml(config_toml, container):
     assert cfg["listener"]["host"] == "0.0.0.0"
     assert cfg["listener"]["port"] == container["ports"][0]["containerPort"]
     assert cfg["upstreams"], "no upstreams configured"
-    assert config_toml == (DEPLOY / "config.example.toml").read_text(), \
-        "configmap.yaml and config.example.toml differ"
+    assert config_toml == (DEPLOY / "config.example.toml").read_text(), "configmap.yaml and config.example.toml differ"
 
 
 def toml_strings(value) -> list[str]:
@@ -387,7 +387,7 @@ def commented_cluster_block(config_toml: str) -> list[str]:
     lines = config_toml.splitlines()
     assert "# [cluster]" in lines, "config.toml has no commented [cluster] example"
     block = []
-    for line in lines[lines.index("# [cluster]"):]:
+    for line in lines[lines.index("# [cluster]") :]:
         if not line.startswith("# "):
             break
         block.append(line[2:])
@@ -464,7 +464,7 @@ def test_dockerfile():
 
 def healthcheck_argv() -> list[str]:
     (hc,) = [a for w, a in dockerfile_instructions() if w == "HEALTHCHECK"]
-    argv = json.loads(hc[hc.index("CMD") + 3:].strip())
+    argv = json.loads(hc[hc.index("CMD") + 3 :].strip())
     assert argv[0] == "python"
     return [sys.executable, *argv[1:]]
 
@@ -508,8 +508,12 @@ def test_dockerfile_healthcheck_fails_when_nothing_listens():
 
 
 # ------------------------------------------------------ gateway's check
-CHECK_CONFIG_ENV = {"GATEWAY_TOKEN": "deploy-test-gateway-token", "GATEWAY_ADMIN_TOKEN": "deploy-test-admin-token",
-                    "GATEWAY_METRICS_TOKEN": "deploy-test-metrics-token", "WEATHER_TOKEN": "deploy-test-weather-token"}
+CHECK_CONFIG_ENV = {
+    "GATEWAY_TOKEN": "deploy-test-gateway-token",
+    "GATEWAY_ADMIN_TOKEN": "deploy-test-admin-token",
+    "GATEWAY_METRICS_TOKEN": "deploy-test-metrics-token",
+    "WEATHER_TOKEN": "deploy-test-weather-token",
+}
 
 
 def gateway_exe() -> str:

@@ -398,6 +398,7 @@ def test_sse_parser_events_do_not_depend_on_chunk_boundaries(
 
 # -- 2. the HTTP route, one app per test ---------------------------------------------------------------------------
 
+
 async def echo(request: web.Request, msg: Any) -> web.StreamResponse:
     """The upstream's answer to a request: a result that echoes its method, params (without
     ``_meta``) and clientCapabilities (public and cacheable for the cacheable methods); 202 for

@@ -491,7 +491,8 @@ async def test_malformed_requests_log_no_request_text_no_traceback_and_a_bounded
         bad = [
             b"POST /servers/up/mcp HTTP/1.1\nHost: 127.0.0.1\nAuthorization: " + secret + b"\nContent-Length: 2\n\n{}",
             b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + secret + b"\r\nBad Header\r\n\r\n",
-            b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: " + secret
+            b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: "
+            + secret
             + b"\r\nContent-Encoding: gzip\r\nContent-Length: 9\r\n\r\n\x1f\x8b\x08garbage",
         ]
         for i in range(150):

@@ -84,9 +84,7 @@ class FakeUpstream:
 
     def count(self, method: str, marker: str | None = None) -> int:
         """Requests for JSON-RPC ``method`` (whose body contains ``marker``, when given)."""
-        return sum(
-            1 for r in self.requests if r.method == method and (marker is None or marker.encode() in r.body)
-        )
+        return sum(1 for r in self.requests if r.method == method and (marker is None or marker.encode() in r.body))
 
 
 #: ``await start_upstream(answer=None)`` (the conftest fixture) -> a served :class:`FakeUpstream`.
