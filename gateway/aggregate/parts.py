@@ -174,7 +174,7 @@ class PartFetcher:
         headers = upstream.request_headers(request.headers, allow_authorization=self.forwarder.allow_authorization)
         if mcp_name is not None:
             headers[H_NAME] = encode_header_value(mcp_name)
-        purges = self.store.purges
+        purges = self.store.purges_of(upstream.name)
         method = method_label(parsed.method)
         upstream.inflight += 1
         started = time.perf_counter()
@@ -215,7 +215,7 @@ class PartFetcher:
         forwarder, cluster = self.forwarder, self.proxy.cluster
         outcome = store_outcome(status, message, size, forwarder.max_entry_bytes)
         entry: CacheEntry | None = None
-        if outcome == STORED and self.store.purges != purges:
+        if outcome == STORED and self.store.purges_of(upstream.name) != purges:
             outcome = "refused"
         elif outcome == STORED:
             entry = forwarder.build(upstream.name, message)

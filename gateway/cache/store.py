@@ -14,7 +14,7 @@ from typing import Protocol
 from cachetools import TLRUCache
 
 from .keys import CacheKey
-from .policy import CacheEntry
+from .policy import CacheEntry, Invalidation
 
 __all__ = ["CacheStore", "Clock", "EvictionListener", "MemoryStore"]
 
@@ -40,6 +40,10 @@ class CacheStore(Protocol):
     @property
     def purges(self) -> int:
         """How many purges there were (a fetch started before one must not store its answer)."""
+
+    def purges_of(self, upstream: str) -> int:
+        """How many purges there were that may have removed an entry of ``upstream``: those of
+        every upstream, and its own (a purge of another upstream does not stop it storing)."""
 
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
         """Store ``entry``; ``False`` if it was refused (caching disabled, too big, expired)."""
@@ -116,6 +120,10 @@ class MemoryStore:
         self._entries = _Entries(max_bytes, clock, keep_stale)
         self._keep_stale = keep_stale
         self._purges = 0
+        #: Purges that may remove any upstream's entries, and those of one upstream (an
+        #: Invalidation naming it), by name.
+        self._purges_of_all = 0
+        self._purges_by_upstream: dict[str, int] = {}
         #: Told of every purge, ``(predicate, reason)``, whatever it removed: the one place every
         #: invalidation of this process passes (local, other workers', other replicas').
         self.on_purge: Callable[[Callable[[CacheKey], bool], str], None] | None = None
@@ -172,6 +180,9 @@ class MemoryStore:
     def purges(self) -> int:
         return self._purges
 
+    def purges_of(self, upstream: str) -> int:
+        return self._purges_of_all + self._purges_by_upstream.get(upstream, 0)
+
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
         if self._max_entries == 0 or entry.size > self._max_bytes:
             return False
@@ -202,6 +213,11 @@ class MemoryStore:
 
     def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
         self._purges += 1
+        if isinstance(predicate, Invalidation) and predicate.upstream is not None:
+            named = predicate.upstream
+            self._purges_by_upstream[named] = self._purges_by_upstream.get(named, 0) + 1
+        else:
+            self._purges_of_all += 1
         self._expire()
         doomed = [k for k in self._entries if predicate(k)]
         for k in doomed:

@@ -146,7 +146,7 @@ class Forwarder:
             err.request_id = ex.request_id
             raise
         ex.fwd = fwd
-        ex.purges = self.store.purges  # an answer that crosses a purge may be what it was for
+        ex.purges = self.store.purges_of(upstream.name)  # an answer that crosses a purge may be what it was for
         if listen:
             upstream.listening += 1
         else:
@@ -233,7 +233,7 @@ class Forwarder:
     ) -> None:
         released: CacheEntry | Stale | None = None
         outcome = "failed"
-        purges = self.store.purges
+        purges = self.store.purges_of(upstream.name)
         flight: Flight | None = None
         fetching = False
         try:
@@ -242,7 +242,7 @@ class Forwarder:
                 found = await self.cluster.lookup(key, upstream.config.timeout_s, refresh=True)
                 if found.entry is not None:  # another process refreshed it: adopted from Redis
                     outcome = "shared"
-                    if self.store.purges == purges and self.store.put(key, found.entry):
+                    if self.store.purges_of(upstream.name) == purges and self.store.put(key, found.entry):
                         released = found.entry
                         self.update_size_gauges()
                     return
@@ -262,7 +262,7 @@ class Forwarder:
                 return
             result = store_outcome(status, message, size, self.max_entry_bytes)
             entry: CacheEntry | None = None
-            if result == STORED and self.store.purges != purges:
+            if result == STORED and self.store.purges_of(upstream.name) != purges:
                 result = "refused"  # purged meanwhile: this answer may be what the purge was for
             elif result == STORED:
                 assert isinstance(message, dict)
@@ -437,7 +437,7 @@ class Forwarder:
         assert ex.key is not None
         result = store_outcome(status, message, size, self.max_entry_bytes)
         entry: CacheEntry | None = None
-        if result == STORED and self.store.purges != ex.purges:
+        if result == STORED and self.store.purges_of(upstream.name) != ex.purges:
             result = "refused"  # purged while it was on its way: this answer may be what the purge was for
         elif result == STORED:
             assert isinstance(message, dict)

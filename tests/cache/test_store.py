@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.cache import MemoryStore, build_entry, make_key
+from gateway.cache import Invalidation, MemoryStore, build_entry, make_key
 
 from ..support import FakeClock
 from ..support.cache import key, request, result
@@ -122,3 +122,15 @@ def test_a_superseded_entry_loses_its_stale_window_and_its_refresh() -> None:
     clock.advance(1.0)
     store.supersede(key(cursor="x"))  # expired: it goes now
     assert len(store) == 0 and ("superseded", 1) in ev
+
+
+def test_a_purge_of_one_upstream_does_not_count_against_another() -> None:
+    # A fetch started before a purge may not store its answer: only a purge that could have been
+    # about its upstream (that one's, or everyone's) says so.
+    store = MemoryStore(max_entries=10, max_bytes=10_000, clock=lambda: 0.0)
+    a, b = store.purges_of("a"), store.purges_of("b")
+    store.purge(Invalidation("a", ("tools/list",)), "notification")
+    assert (store.purges_of("a"), store.purges_of("b")) == (a + 1, b)
+    store.purge(Invalidation(), "purge")
+    store.purge(lambda _key: True, "cluster")
+    assert (store.purges_of("a"), store.purges_of("b")) == (a + 3, b + 2)
