@@ -190,8 +190,7 @@ def create_app(
         app.on_shutdown.append(end_listen_streams)
         app.on_cleanup.append(end_part_fetches)
         app.router.add_post(ROUTE, aggregate.handle_post)
-        for method in ("GET", "DELETE"):
-            app.router.add_route(method, ROUTE, aggregate.handle_other)
+        app.router.add_route("*", ROUTE, aggregate.handle_other)  # every other method: 405
     else:
         app.router.add_route("*", ROUTE, _no_aggregate)
     views = RegistryViews(config, registry.state, listing)

@@ -168,6 +168,17 @@ class Misdirected(GatewayError):
     status = 421
 
 
+class MethodNotAllowed(GatewayError):
+    """An HTTP method a modern-only endpoint does not serve (HTTP 405 with ``Allow: POST``; MCP
+    2026-07-28, basic/transports/streamable-http, 'Sending Messages': no ``GET`` stream)."""
+
+    code = -32600
+    status = 405
+
+    def __init__(self, message: str, *, request_id: object = None) -> None:
+        super().__init__(message, request_id=request_id, headers={"Allow": "POST"})
+
+
 class PayloadTooLarge(GatewayError):
     """A request body over ``listener.max_body_bytes`` (HTTP 413)."""
 

@@ -36,6 +36,7 @@ KNOWN_METRICS = {
     "mcp_gateway_cache_lookups_total",
     "mcp_gateway_cache_stores_total",
     "mcp_gateway_cache_refreshes_total",
+    "mcp_gateway_aggregate_parts_missing_total",
     "mcp_gateway_cache_evictions_total",
     "mcp_gateway_cache_entries",
     "mcp_gateway_cache_bytes",

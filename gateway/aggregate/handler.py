@@ -37,7 +37,9 @@ from ..errors import (
     BadGateway,
     GatewayError,
     InvalidParams,
+    MethodNotAllowed,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
     UnsupportedProtocolVersion,
 )
@@ -128,11 +130,20 @@ class Aggregate:
             raise _listen_too_large(None)
 
     async def handle_other(self, request: web.Request) -> web.Response:
-        """``GET``/``DELETE /mcp``: a modern-only endpoint has no stream to open or session to
-        end (MCP 2026-07-28, basic/transports/streamable-http: 405)."""
+        """Any method but ``POST`` on ``/mcp``, after the same Host, Origin and token checks: a
+        modern-only endpoint has no stream to open (``GET``) or session to end (``DELETE``), so 405
+        with ``Allow: POST`` (MCP 2026-07-28, basic/transports/streamable-http) and a JSON-RPC body."""
+        proxy = self.proxy
         started = time.perf_counter()
-        response = web.Response(status=405, headers={"Allow": "POST"})
-        self.proxy.record(Exchange(request, ROUTE, request.method), response, started, ROUTE)
+        ex = Exchange(request, ROUTE, request.method)
+        try:
+            proxy.check_host(request)
+            proxy.check_origin(request)
+            proxy.check_auth(request, None)
+            raise MethodNotAllowed(f"{request.method} is not served on /mcp: it is a modern-only endpoint; POST")
+        except GatewayError as err:
+            response = proxy.error(ex, err)
+        proxy.record(ex, response, started, ROUTE)
         return response
 
     async def answer(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
@@ -230,9 +241,12 @@ class Aggregate:
         try:
             part = await self.parts.fetch(self.proxy.upstreams[member], member_parsed, body, ex.request, uri)
         except MemberFailed as err:  # as on the member's own route: the caller's id, upstream-error
+            err.request_id = parsed.request_id
+            if isinstance(err, Overloaded):  # the gateway's own refusal, to be retried
+                err.headers["Retry-After"] = "1"
+                raise
             ex.cache = ex.lookup = "miss"
             ex.fwd, ex.detail = "miss", "upstream-error"
-            err.request_id = parsed.request_id
             raise
         except MemberError as err:
             ex.cache = ex.lookup = "miss"
@@ -329,7 +343,7 @@ class Aggregate:
         ttl_ms, scope = hints(parts, complete, self.proxy.clock())
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
         message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
-        self._outcome(ex, parts, ttl_ms, complete)
+        self._outcome(ex, parts, ttl_ms, complete, any(got.problem is not None for got in lists))
         if key is not None and complete and scope == "public" and ttl_ms > 0 and all(p.entry for p in parts):
             self._store(ex, key, message, parts)
         body = _render(message, parsed.request_id)
@@ -337,17 +351,18 @@ class Aggregate:
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
 
     @staticmethod
-    def _outcome(ex: Exchange, parts: Sequence[Part], ttl_ms: int, complete: bool) -> None:
+    def _outcome(ex: Exchange, parts: Sequence[Part], ttl_ms: int, complete: bool, left_out: bool = False) -> None:
         """What the answer was, for ``Cache-Status`` and the record: a hit when no member was
-        asked (every part from the cache, none stale), else a miss ``detail=composed`` (or
-        ``partial``: a member left out, or stale)."""
+        asked (every part from the cache, none stale); ``stale`` (counted as stale answers are)
+        when a failing member's expired entry stood in for it; else a miss ``detail=composed``;
+        ``detail=partial`` when a member was left out or cut short (``left_out``)."""
         if complete and not any(part.fetched for part in parts):
             ex.cache = ex.lookup = "hit"
             ex.hit = f"{hit_status(ttl_ms, False)}; detail=composed"
-        else:
-            ex.cache = ex.lookup = "miss"
-            ex.fwd = "miss"
-            ex.detail = "composed" if complete else "partial"
+            return
+        ex.fwd = "miss"
+        ex.cache = ex.lookup = "stale" if any(part.stale for part in parts) else "miss"
+        ex.detail = "partial" if left_out else "stale" if ex.cache == "stale" else "composed"
 
     def _store(self, ex: Exchange, key: CacheKey, message: dict[str, Any], parts: list[Part]) -> None:
         proxy = self.proxy

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from ..codec import dumps
-from ..protocol import ParsedRequest
+from ..protocol import ParsedRequest, method_label
 from ..proxy import Proxy
 from ..proxy.exchange import Exchange
 from ..upstream import Upstream
@@ -39,6 +39,7 @@ class MemberCollector:
 
     def __init__(self, proxy: Proxy, parts: PartFetcher, names: Names, max_member_pages: int) -> None:
         self.upstreams: Mapping[str, Upstream] = proxy.upstreams
+        self.metrics = proxy.forwarder.metrics
         self.parts = parts
         self.names = names
         self.max_member_pages = max_member_pages
@@ -71,6 +72,8 @@ class MemberCollector:
             except ValueError:  # a number beyond the float range, or nesting too deep to write
                 got = MemberList([], False, "its list cannot be written back as JSON")
         if got.problem is not None:
+            outcome = "cut_short" if got.parts else "left_out"
+            self.metrics.aggregate_parts_missing.labels(name, method_label(method), outcome).inc()
             self._log(name, method, got)
         return got
 

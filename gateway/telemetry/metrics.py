@@ -268,6 +268,14 @@ class GatewayMetrics:
             namespace=ns,
             registry=own,
         )
+        self.aggregate_parts_missing = Counter(
+            "aggregate_parts_missing",
+            "Members of POST /mcp whose part an answer went without, by outcome: left_out (it failed; "
+            "the answer was served without it) or cut_short (some of its pages were left out).",
+            ["upstream", "method", "outcome"],
+            namespace=ns,
+            registry=own,
+        )
         self.cache_evictions = Counter(
             "cache_evictions",
             "Cache entries removed, by reason.",

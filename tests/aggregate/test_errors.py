@@ -230,7 +230,20 @@ async def test_other_http_methods_on_the_aggregate_are_405(
 ) -> None:
     reply = await post(http, agg_url(gw), b"", {"Accept": "text/event-stream"}, http_method=http_method)
     assert reply.status == 405, reply.raw
+    assert reply.headers.get("Allow") == "POST"  # PUT too: not aiohttp's own list of routes
+    assert reply.error["code"] == -32600 and "detail=rejected" in reply.cache_params, reply.raw
     await nothing_asked(public_up)
+
+
+@pytest.mark.parametrize("http_method", ["GET", "DELETE"])
+async def test_with_auth_other_http_methods_need_the_token_too(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, http_method: str
+) -> None:
+    gw = await start_gateway(aggregate_config({"a": public_up}, auth={"tokens": [TOKEN]}))
+    reply = await post(http, agg_url(gw), b"", {}, http_method=http_method)
+    assert reply.status == 401, reply.raw
+    bearer = {"Authorization": f"Bearer {TOKEN}"}
+    assert (await post(http, agg_url(gw), b"", bearer, http_method=http_method)).status == 405
 
 
 # -- listener checks ---------------------------------------------------------------------------------

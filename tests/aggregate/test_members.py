@@ -86,3 +86,8 @@ async def test_a_dead_member_is_logged_once_not_on_every_list(
             assert reply.status == 200 and "detail=partial" in reply.cache_params, reply.cache_status
     lines = [r.getMessage() for r in caplog.records if r.name == "mcp_gateway.aggregate"]
     assert len(lines) == 1 and lines[0].startswith("/mcp: left d out of a tools/list answer"), lines
+    # ... and counted every time, for an alert to see.
+    async with http.get(f"{gw.base_url}/metrics") as resp:
+        text = await resp.text()
+    expected = 'mcp_gateway_aggregate_parts_missing_total{method="tools/list",outcome="left_out",upstream="d"} 50.0'
+    assert expected in text.splitlines(), [line for line in text.splitlines() if "parts_missing" in line]
