@@ -47,16 +47,23 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 async def serve_workers(
     tmp_path: Path, upstream: Upstream, *, env: Mapping[str, str] | None = None
 ) -> AsyncIterator[str]:
-    """``mcp-gateway serve --workers 2`` on a free port with ``upstream`` as ``up``, the registry
-    off (no probes: only the test's requests reach the upstream); yields the base URL. Stopped
-    with SIGTERM (then SIGKILL) on exit, its log in the error if it does not start."""
+    """``mcp-gateway serve --workers 2`` with ``upstream`` as ``up``, the registry off (no
+    probes: only the test's requests reach the upstream); see :func:`serve_group`."""
+    config = f'[registry]\nenabled = false\n[upstreams.up]\nurl = "{upstream.url}"\n'
+    async with serve_group(tmp_path, config, env=env) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def serve_group(tmp_path: Path, config: str, *, env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+    """``mcp-gateway serve --workers 2`` with ``config`` (TOML; ``[listener]`` is added) on a free
+    port; yields the base URL. Stopped with SIGTERM (then SIGKILL) on exit, its log in the error
+    if it does not start."""
     port = free_port()
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f'[listener]\nport = {port}\n[registry]\nenabled = false\n[upstreams.up]\nurl = "{upstream.url}"\n'
-    )
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"[listener]\nport = {port}\n{config}")
     log = tmp_path / "gateway.log"
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(config), "--workers", "2"]
+    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--workers", "2"]
     argv += ["--log-level", "warning"]
     child_env = {k: v for k, v in os.environ.items() if k.upper() != MULTIPROC_DIR_ENV}
     child_env.update(env or {})

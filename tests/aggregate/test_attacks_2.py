@@ -16,10 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import signal
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +26,12 @@ from aiohttp import web
 
 from gateway.app import PROXY, REGISTRY, STORE
 from gateway.cache import Invalidation
-from gateway.telemetry import MULTIPROC_DIR_ENV
 
 from ..cluster.test_tier import connected
 from ..support import FakeClock, FakeUpstream, RunningGateway, StartGateway, StartUpstream, mcp_headers
-from ..support.fleet import Upstream, add_tool, fetch_counts, free_port, reset_counts
+from ..support.fleet import Upstream, add_tool, fetch_counts, reset_counts
 from ..support.redis import RedisServer
+from ..test_workers import serve_group
 from .conftest import FAST_REGISTRY, agg, aggregate_config, body_of, eventually, names
 from .test_listen import listen, unique
 
@@ -428,40 +425,6 @@ async def test_with_cluster_one_change_of_a_member_is_one_notification(
 # -- E10: with --workers 2, one change of a member is two notifications on every /mcp stream --------
 
 
-@contextlib.asynccontextmanager
-async def serve_two_workers(tmp_path: Path, config: str) -> AsyncIterator[str]:
-    """``mcp-gateway serve --workers 2`` with ``config`` (TOML, its [listener] added); yields the
-    base URL; SIGTERM (then SIGKILL) at the end."""
-    port = free_port()
-    path = tmp_path / "gateway.toml"
-    path.write_text(f"[listener]\nport = {port}\n{config}")
-    log = tmp_path / "gateway.log"
-    argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--workers", "2"]
-    env = {k: v for k, v in os.environ.items() if k.upper() != MULTIPROC_DIR_ENV}
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, "--log-level", "warning", stdout=out, stderr=out, cwd=ROOT, env=env
-        )
-    try:
-        async with asyncio.timeout(20):
-            while True:
-                assert proc.returncode is None, log.read_text(errors="replace")
-                with contextlib.suppress(OSError):
-                    _, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.close()
-                    break
-                await asyncio.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
 async def test_with_two_workers_each_change_of_a_member_is_one_notification_per_stream(
     tmp_path: Path, public_up: Upstream, changing_up: Upstream
 ) -> None:
@@ -477,7 +440,7 @@ async def test_with_two_workers_each_change_of_a_member_is_one_notification_per_
         f'backoff_max_s = 0.4\n[upstreams.a]\nurl = "{public_up.url}"\n[upstreams.c]\nurl = "{changing_up.url}"\n'
         "[aggregate]\n"
     )
-    async with serve_two_workers(tmp_path, config) as base_url:
+    async with serve_group(tmp_path, config) as base_url:
 
         async def both_listening() -> bool:  # each worker holds its own listen stream to c
             return (await fetch_counts(changing_up)).get("subscriptions/listen", 0) >= 2
