@@ -16,14 +16,13 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
-from ..cache import STORED, CacheEntry, CacheKey, Failed, Stale, make_key, store_outcome
+from ..cache import CacheEntry, CacheKey, Failed, Stale, make_key
 from ..cluster import Flight
 from ..codec import loads
 from ..errors import BadGateway, GatewayError, GatewayTimeout, Overloaded
 from ..protocol import H_NAME, ParsedRequest, encode_header_value, method_label
 from ..proxy import Proxy
 from ..proxy.fetch import fetch_answer
-from ..proxy.forward import SUPERSEDING
 from ..upstream import Upstream
 from .compose import Part
 from .names import quoted
@@ -190,50 +189,15 @@ class PartFetcher:
         result = message.get("result")
         if not isinstance(result, dict):
             raise BadGateway(f"upstream {upstream.name} answered without a result", request_id=parsed.request_id)
-        entry = self._store(upstream, key, flight, method, status, message, size, purges) if key is not None else None
+        entry: CacheEntry | None = None
+        if key is not None:  # stored as the proxy would store it
+            _, entry = self.forwarder.keep(upstream, key, method, status, message, size, purges, flight)
         now = self.clock()
         if entry is not None:
             return Part(result, entry.ttl_ms, True, key, entry, fetched=True, size=size, at=now)
         ttl = result.get("ttlMs")
         ttl_ms = ttl if type(ttl) is int and ttl > 0 else 0
         return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True, size=size, at=now)
-
-    def _store(
-        self,
-        upstream: Upstream,
-        key: CacheKey,
-        flight: Flight | None,
-        method: str,
-        status: int,
-        message: dict[str, Any],
-        size: int,
-        purges: int,
-    ) -> CacheEntry | None:
-        """Store a part's answer under ``key`` as the proxy would (``Forwarder._maybe_store``):
-        not after a purge since it was sent (``purges``), and an answer the member says may not
-        be shared ends the key's stale window; with ``[cluster]``, in the shared tier too."""
-        forwarder, cluster = self.forwarder, self.proxy.cluster
-        outcome = store_outcome(status, message, size, forwarder.max_entry_bytes)
-        entry: CacheEntry | None = None
-        if outcome == STORED and self.store.purges_of(upstream.name) != purges:
-            outcome = "refused"
-        elif outcome == STORED:
-            entry = forwarder.build(upstream.name, message)
-            if entry is None or not self.store.put(key, entry):
-                outcome, entry = "refused", None
-        elif outcome in SUPERSEDING:
-            self.store.supersede(key)
-            if cluster is not None:
-                cluster.supersede(key)
-        forwarder.metrics.cache_stores.labels(upstream.name, method, outcome).inc()
-        forwarder.update_size_gauges()
-        forwarder.backoff.succeeded(key)
-        if cluster is not None:
-            if flight is not None:
-                cluster.finish(flight, key, entry)
-            elif entry is not None:
-                cluster.share(key, entry)
-        return entry
 
     def _from_entry(self, key: CacheKey, entry: CacheEntry, *, stale: bool = False) -> Part:
         """The part a cache entry holds, with the freshness it has left (0 for a stale one)."""

@@ -46,13 +46,13 @@ from ..upstream import RESPONSE_HEADERS, Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange
 from .fetch import fetch_answer, final_response
 
-__all__ = ["SUPERSEDING", "Forwarder", "error_code"]
+__all__ = ["Forwarder", "error_code"]
 
 log = logging.getLogger("mcp_gateway.proxy")
 
 #: Store outcomes that are the upstream's word that its newest answer may not be shared: the
 #: older entry is no longer served stale nor refreshed (``CacheStore.supersede``).
-SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
+_SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -260,33 +260,12 @@ class Forwarder:
                 stale = self.store.stale(key)  # it may have expired meanwhile
                 released = None if stale is None else Stale(stale)
                 return
-            result = store_outcome(status, message, size, self.max_entry_bytes)
-            entry: CacheEntry | None = None
-            if result == STORED and self.store.purges_of(upstream.name) != purges:
-                result = "refused"  # purged meanwhile: this answer may be what the purge was for
-            elif result == STORED:
-                assert isinstance(message, dict)
-                entry = self.build(upstream.name, message)
-                if entry is None or not self.store.put(key, entry):
-                    result, entry = "refused", None
-            self.metrics.cache_stores.labels(upstream.name, method, result).inc()
-            self.update_size_gauges()
-            self.backoff.succeeded(key)  # the upstream answered
+            _, entry = self.keep(upstream, key, method, status, message, size, purges, flight)
             if entry is None:
                 outcome = "unstored"
                 self.refresh_backoff.failed(key, self.clock())  # not refreshed again for a while
-                if result in SUPERSEDING:
-                    self.store.supersede(key)
-                    if self.cluster is not None:
-                        self.cluster.supersede(key)
                 return
             outcome, released = "stored", entry
-            self.refresh_backoff.succeeded(key)
-            if self.cluster is not None:
-                if flight is not None:
-                    self.cluster.finish(flight, key, entry)  # written, unlocked, then "done"
-                else:
-                    self.cluster.share(key, entry)
         finally:
             if fetching:
                 upstream.inflight -= 1
@@ -434,27 +413,11 @@ class Forwarder:
 
     def _maybe_store(self, ex: Exchange, upstream: Upstream, status: int, message: object, size: int) -> None:
         """Store a cacheable answer of ``size`` bytes if the cache policy allows it."""
-        assert ex.key is not None
-        result = store_outcome(status, message, size, self.max_entry_bytes)
-        entry: CacheEntry | None = None
-        if result == STORED and self.store.purges_of(upstream.name) != ex.purges:
-            result = "refused"  # purged while it was on its way: this answer may be what the purge was for
-        elif result == STORED:
-            assert isinstance(message, dict)
-            entry = self.build(upstream.name, message)
-            if entry is None or not self.store.put(ex.key, entry):
-                result, entry = "refused", None
-        elif result in SUPERSEDING:
-            self.store.supersede(ex.key)  # an entry kept stale must not outlive this answer
-            if self.cluster is not None:
-                self.cluster.supersede(ex.key)
-        self.metrics.cache_stores.labels(upstream.name, ex.method, result).inc()
-        self.update_size_gauges()
-        self.backoff.succeeded(ex.key)  # the upstream answered, stored or not
+        assert ex.key is not None and ex.purges is not None  # set by forward() before sending
+        result, entry = self.keep(upstream, ex.key, ex.method, status, message, size, ex.purges, ex.flight)
         if entry is not None:
             ex.entry = entry
             ex.stored_ttl_ms = entry.ttl_ms
-            self.refresh_backoff.succeeded(ex.key)
         else:
             ex.detail = result.replace("_", "-")
         if ex.leads:
@@ -462,11 +425,50 @@ class Forwarder:
             # answer: a caller that stops reading holds back no one else.
             self.coalescer.release(ex.key, entry)
             ex.leads = False
+
+    def keep(
+        self,
+        upstream: Upstream,
+        key: CacheKey,
+        method: str,
+        status: int,
+        message: object,
+        size: int,
+        purges: int,
+        flight: Flight | None,
+    ) -> tuple[str, CacheEntry | None]:
+        """Store ``upstream``'s answer (``message``, ``size`` bytes, HTTP ``status``) to the
+        cacheable request ``key`` if the cache policy allows (:func:`~gateway.cache.store_outcome`)
+        and no purge that could be about it came since it was sent (``purges``: the store's
+        ``purges_of(upstream)`` then); with ``[cluster]`` in the shared tier too (``flight``: this
+        process leads the key for the cluster, whose other followers learn the outcome). An answer
+        the upstream says may not be shared ends the key's stale window. Returns the store outcome
+        (the ``cache_stores`` label) and the entry stored, if any. Every answer the gateway reads
+        for a cacheable request comes here: relayed, refreshed, or a part of ``POST /mcp``."""
+        result = store_outcome(status, message, size, self.max_entry_bytes)
+        entry: CacheEntry | None = None
+        if result == STORED and self.store.purges_of(upstream.name) != purges:
+            result = "refused"  # purged while it was on its way: this answer may be what the purge was for
+        elif result == STORED:
+            assert isinstance(message, dict)
+            entry = self.build(upstream.name, message)
+            if entry is None or not self.store.put(key, entry):
+                result, entry = "refused", None
+        elif result in _SUPERSEDING:
+            self.store.supersede(key)  # an entry kept stale must not outlive this answer
+            if self.cluster is not None:
+                self.cluster.supersede(key)
+        self.metrics.cache_stores.labels(upstream.name, method, result).inc()
+        self.update_size_gauges()
+        self.backoff.succeeded(key)  # the upstream answered, stored or not
+        if entry is not None:
+            self.refresh_backoff.succeeded(key)
         if self.cluster is not None:
-            if ex.flight is not None:
-                self.cluster.finish(ex.flight, ex.key, entry)  # the other processes' followers too
+            if flight is not None:
+                self.cluster.finish(flight, key, entry)  # written, unlocked, then "done"
             elif entry is not None:
-                self.cluster.share(ex.key, entry)
+                self.cluster.share(key, entry)
+        return result, entry
 
     def update_size_gauges(self) -> None:
         """``mcp_gateway_cache_entries`` and ``mcp_gateway_cache_bytes`` from the store."""
