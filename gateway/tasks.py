@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["BackgroundTasks"]
+__all__ = ["CLOSE_TIMEOUT_S", "BackgroundTasks"]
+
+#: How long :meth:`BackgroundTasks.close` waits for cancelled tasks to end, in seconds: a task
+#: stuck in a client library that does not give way to cancellation must not hold the shutdown.
+CLOSE_TIMEOUT_S: Final = 5.0
 
 
 class BackgroundTasks:
@@ -39,9 +43,16 @@ class BackgroundTasks:
         return len(self._tasks)
 
     async def close(self) -> None:
-        """Cancel every task and wait until all have ended."""
+        """Cancel every task and wait until all have ended, at most :data:`CLOSE_TIMEOUT_S`
+        (those still running then are named in a warning and left to the loop's end)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
+            if pending:
+                names = ", ".join(sorted(t.get_name() for t in pending))
+                self._log.warning(
+                    "%d background tasks did not end within %g s of shutdown: %s", len(pending), CLOSE_TIMEOUT_S, names
+                )
         self._tasks.clear()

@@ -40,12 +40,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from redis.asyncio.lock import Lock
-from redis.exceptions import LockError
+from redis.exceptions import LockError, RedisError
 
 from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Invalidation, uri_of
 from ..config import GatewayConfig
 from ..protocol import CACHEABLE_METHODS
-from ..tasks import BackgroundTasks
+from ..tasks import CLOSE_TIMEOUT_S, BackgroundTasks
 from ..telemetry import GatewayMetrics
 from .entries import decode, encode, key_digest
 from .feed import Feed
@@ -155,10 +155,15 @@ class Cluster:
             log.warning("shared tier: Redis did not answer within %g s; serving without it for now", STARTUP_WAIT_S)
 
     async def stop(self) -> None:
+        """End the background work, then the connections, each bounded (a mute Redis never holds the shutdown)."""
         await self.tasks.close()
         self.waiters.release_all()
-        await self.feed.close()
-        await self.link.close()
+        for what, close in (("event feed", self.feed.close), ("client", self.link.close)):
+            try:
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await close()
+            except (TimeoutError, OSError, RedisError) as exc:
+                log.warning("shared tier: closing its %s at shutdown: %s", what, type(exc).__name__)
 
     # -- names --
 
