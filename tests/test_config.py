@@ -194,3 +194,20 @@ def test_check_config_prints_one_line_with_the_key_meant_and_its_line(tmp_path: 
     assert done.stderr == (
         f"mcp-gateway: invalid config: {path}: line 2: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)\n"
     )
+
+
+def test_registry_table_is_optional_validated_and_strict() -> None:
+    assert parse_config({}).registry.enabled is True  # on by default
+    assert parse_config({"registry": {"enabled": False}}).registry.enabled is False
+    cfg = parse_config({"registry": {}}).registry
+    assert (cfg.probe_min_interval_s, cfg.probe_max_interval_s, cfg.probe_timeout_s) == (10, 300, 10)
+    assert (cfg.backoff_base_s, cfg.backoff_max_s, cfg.listen) == (1, 120, True)
+    for bad, where in [
+        ({"probe_min_interval_s": 5, "probe_max_interval_s": 1}, "registry"),
+        ({"backoff_base_s": 9, "backoff_max_s": 1}, "registry"),
+        ({"probe_timeout_s": 0}, "registry.probe_timeout_s"),
+        ({"server_namespace": "has/slash"}, "registry.server_namespace"),
+        ({"probe_every": 1}, "registry.probe_every: unknown key"),
+    ]:
+        with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
+            parse_config({"registry": bad})

@@ -3,7 +3,7 @@
 members, which of them it serves now and which it leaves out (legacy-era members), and its
 separator; with ``[aggregate]`` no upstream may be named ``aggregate``.
 
-The registry's own routes are tested in tests/test_registry.py; here only what ``[aggregate]``
+The registry's own routes are tested in tests/registry/; here only what ``[aggregate]``
 adds. The legacy member is the real legacy-only server (mcp 1.30.0 in ``.tools/legacy-venv``,
 tests/servers/legacy_upstream.py), probed by the registry.
 """
