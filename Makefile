@@ -1,4 +1,4 @@
-# make test: everything from scratch (venv, Node tools, promtool) then lint, types and the suite.
+# make test: everything from scratch (venv, Node tools, promtool) then lint, types, the docs site and the suite.
 # make demo: a demo fleet of real MCP servers behind the gateway on 127.0.0.1:8080.
 # Everything they install goes into .venv/ and .tools/ (pip's and npm's download caches too), which
 # `make clean` removes; only the apt packages (redis-server, prometheus) go to the system.
@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-test
 export PIP_CACHE_DIR    ?= $(CURDIR)/.tools/cache/pip
 export npm_config_cache ?= $(CURDIR)/.tools/cache/npm
 
-.PHONY: test lint typecheck unit demo tools bench soak clean
+.PHONY: test lint typecheck docs unit demo tools bench soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The docs site (mkdocs.yml, docs/), built offline; --strict: a broken link or nav entry fails.
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its successor, printed on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir $(VENV)/site
+
 unit: $(STAMP)
 	$(BIN)/pytest -q
 
-test: $(STAMP) tools lint typecheck
+test: $(STAMP) tools lint typecheck docs
 	$(BIN)/pytest -q -p no:cacheprovider
 
 DEMO_STAMP := $(VENV)/.installed-demo

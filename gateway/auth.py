@@ -1,5 +1,5 @@
-"""Bearer-token checks for the gateway's own callers (README, "Routes" and ``auth.tokens`` in
-"Configuration")."""
+"""Bearer-token checks for the gateway's own callers (docs/routes.md, and ``auth.tokens``
+in docs/configuration.md)."""
 
 from __future__ import annotations
 

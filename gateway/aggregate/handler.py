@@ -1,5 +1,4 @@
-"""``POST /mcp``: the members of ``[aggregate]`` as one MCP server (README, "One endpoint for the
-fleet").
+"""``POST /mcp``: the members of ``[aggregate]`` as one MCP server (docs/aggregate.md).
 
 Every check of the per-upstream route holds here first, in the same order (Host, Origin, the
 body within its bounds, the token before any parse error is told, then the body against its

@@ -12,7 +12,7 @@ __all__ = ["Coalescer"]
 
 
 class Coalescer:
-    """Collapses concurrent misses on one key into one upstream request (README, "The cache").
+    """Collapses concurrent misses on one key into one upstream request (docs/cache.md).
 
     The first caller of :meth:`claim` for a key is the leader and must call
     :meth:`release` with the stored entry or ``None``; later callers get a future that

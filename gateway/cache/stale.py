@@ -4,7 +4,7 @@ per-key backoff that keeps a failing upstream from being asked again at once.
 MCP 2026-07-28, server/utilities/caching, 'Freshness Calculation' lets a cache serve a stale
 result when fetching it again fails; the rules for when (``stale_if_error_ms``: only a
 transport failure or an answer that is not a JSON-RPC response, never in place of one the
-upstream gave, never a private answer) are the gateway's (README, "The cache").
+upstream gave, never a private answer) are the gateway's (docs/cache.md).
 """
 
 from __future__ import annotations

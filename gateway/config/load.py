@@ -2,7 +2,7 @@
 key at fault (with the closest valid key, and the line where it is certain).
 
 Unknown keys are errors; ``${NAME}`` inside any string value is replaced by the environment
-variable ``NAME`` at load time, and a missing variable is a load error (README, "Configuration").
+variable ``NAME`` at load time, and a missing variable is a load error (docs/configuration.md).
 """
 
 from __future__ import annotations

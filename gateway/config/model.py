@@ -1,5 +1,5 @@
 """The config file's model: one frozen pydantic tree, a class per table, with its defaults and
-checks (README, "Configuration"). Loading it from TOML is :mod:`.load`."""
+checks (docs/configuration.md). Loading it from TOML is :mod:`.load`."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ class RegistryConfig(_Model):
 
 class ClusterConfig(_Model):
     """Shared state on Redis: every replica and worker naming the same ``redis_url`` and
-    ``key_prefix`` is one gateway (README, "Running many replicas")."""
+    ``key_prefix`` is one gateway (docs/replicas.md)."""
 
     redis_url: str = Field(
         description="redis://[user:password@]host[:port][/db] or rediss:// for TLS; put a password "
@@ -296,8 +296,8 @@ _TLS_QUERY_KEYS: Final = frozenset(
 
 
 class AggregateConfig(_Model):
-    """``POST /mcp``: the members' tools, prompts and resources as one MCP server (README,
-    "One endpoint for the fleet")."""
+    """``POST /mcp``: the members' tools, prompts and resources as one MCP server
+    (docs/aggregate.md)."""
 
     upstreams: tuple[str, ...] | None = Field(
         None,
@@ -326,7 +326,7 @@ class AggregateConfig(_Model):
 
 
 class GatewayConfig(_Model):
-    """The whole config file (README, "Configuration")."""
+    """The whole config file (docs/configuration.md)."""
 
     listener: ListenerConfig = ListenerConfig()
     cache: CacheConfig = CacheConfig()

@@ -235,7 +235,7 @@ def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
 
 
 class GatewayMetrics:
-    """Every metric the gateway exports (README, "Metrics").
+    """Every metric the gateway exports (docs/metrics.md).
 
     With a :class:`MultiProcessRegistry` the metrics are in multiprocess mode (see the module);
     with any other registry they live in this process, registered there.

@@ -104,7 +104,7 @@ async def other_id(request: web.Request, msg: Any) -> web.StreamResponse:
 async def test_a_read_of_a_failing_member_answers_with_the_callers_id(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream, fault: str
 ) -> None:
-    # Expected (README "Routes": errors the gateway makes on an MCP route carry the request's id;
+    # Expected (docs/routes.md "Routes": errors the gateway makes on an MCP route carry the request's id;
     # the per-upstream route does): the 502/504 of a read through /mcp says "id": "r1". Today
     # gateway/aggregate/parts.py raises the member's BadGateway/GatewayTimeout (made in
     # upstream.open / fetch_answer without an id) straight out of Aggregate.read: "id" is missing.
@@ -148,7 +148,7 @@ def unwritable(kind: str) -> Handler:
 async def test_a_member_item_that_cannot_be_written_back_does_not_fail_the_whole_list(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream, kind: str
 ) -> None:
-    # Expected (README "Partial outage"; issue 14: one upstream must not remove every tool): the
+    # Expected (docs/aggregate.md "Partial outage"; issue 14: one upstream must not remove every tool): the
     # other members are still answered (the odd member, or its item, left out). Today
     # Aggregate._page raises BadGateway for the whole answer ("a member's list cannot be written
     # back as JSON", 502), on every request, while /servers/b/mcp relays b's list fine.
@@ -208,7 +208,7 @@ async def test_a_member_whose_cursors_repeat_has_each_item_listed_once(
 async def test_a_slow_paged_member_does_not_hold_the_answer_past_its_timeout(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream
 ) -> None:
-    # Expected (README "Partial outage": a member not answering within its own timeout_s is left
+    # Expected (docs/aggregate.md "Partial outage": a member not answering within its own timeout_s is left
     # out and the rest answered): a member's whole part of one answer, all its pages, is bounded
     # by its timeout_s. Today each page gets its own timeout_s, one after the other: a member that
     # answers every page in 0.15 s with one more cursor holds every /mcp list for
@@ -247,7 +247,7 @@ async def test_a_slow_paged_member_does_not_hold_the_answer_past_its_timeout(
 async def test_every_listed_name_and_uri_can_be_called_or_read(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream
 ) -> None:
-    # Expected (README "Names": an item nothing could call is left out): a tool named "" (MCP:
+    # Expected (docs/aggregate.md "Names": an item nothing could call is left out): a tool named "" (MCP:
     # names are 1-128 characters) and a resource whose uri is "" are either left out or callable.
     # Today they are listed as "a__" and "mcp-gateway:a/", and a call or read of what was listed
     # is -32602 ("names nothing served on /mcp").
@@ -271,7 +271,7 @@ async def test_every_listed_name_and_uri_can_be_called_or_read(
 async def test_a_composed_answer_over_max_entry_bytes_is_not_stored(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream
 ) -> None:
-    # README: cache.max_entry_bytes, "larger results are forwarded, not stored". Each member's
+    # docs/configuration.md: cache.max_entry_bytes, "larger results are forwarded, not stored". Each member's
     # page (~6.4 KB) fits 8000 bytes and is stored; the composed page of both (~12.7 KB) does not
     # fit, yet Aggregate._store stores it (only cache.max_bytes is checked).
     a = await member(start_upstream, *[f"a{i}" + "x" * 1000 for i in range(6)])
@@ -401,7 +401,7 @@ async def test_an_open_listen_stream_does_not_hold_its_request_body(
 async def test_when_every_member_fails_the_502_says_upstream_error(
     start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
-    # README: "detail=rejected" is the gateway refusing a request itself (a 4xx, or 503);
+    # docs/cache.md: "detail=rejected" is the gateway refusing a request itself (a 4xx, or 503);
     # "fwd=...; detail=upstream-error" is forwarding failing (502, 504). (It said detail=rejected
     # before c83461c.)
     gw = await start_gateway(aggregate_config({"d": f"http://127.0.0.1:{free_port()}/mcp"}))

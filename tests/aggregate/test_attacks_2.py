@@ -101,7 +101,7 @@ async def listening_to(gw: RunningGateway, upstream: str) -> None:
 async def test_a_composed_answer_never_says_more_ttl_than_its_stalest_part_has_left(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream, fake_clock: FakeClock
 ) -> None:
-    # README "Hints": "ttlMs is the least time left among the parts". Member f's entry has 10 s
+    # docs/aggregate.md "Hints": "ttlMs is the least time left among the parts". Member f's entry has 10 s
     # left when the composition reads it; member s takes 4 s (of the gateway's clock) to answer.
     # Today compose.hints takes f's ttl_ms as read at the start (10000) and Aggregate._store
     # builds the stored answer from that figure at the end: the answer and the stored entry say
@@ -132,7 +132,7 @@ async def test_a_composed_answer_never_says_more_ttl_than_its_stalest_part_has_l
 async def test_a_private_answer_read_through_mcp_ends_the_members_stale_window(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream, fake_clock: FakeClock
 ) -> None:
-    # README "Stale-if-error": "an upstream whose newer answer is private, has no ttlMs or needs
+    # docs/cache.md "Stale-if-error": "an upstream whose newer answer is private, has no ttlMs or needs
     # input ends its older entry's stale window". On /servers/m/mcp it does (the forwarder calls
     # store.supersede, and Cluster.supersede). Through /mcp, PartFetcher._send stores nothing and
     # supersedes nothing:
@@ -238,7 +238,7 @@ async def test_a_members_long_error_message_is_not_logged_whole(
 async def test_the_requests_mcp_sends_to_members_are_counted_in_the_upstream_durations(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream
 ) -> None:
-    # README "Metrics": mcp_gateway_upstream_request_duration_seconds is "time the upstream
+    # docs/metrics.md "Metrics": mcp_gateway_upstream_request_duration_seconds is "time the upstream
     # took". A /mcp list that asks its members (Cache-Status fwd=miss) sends them requests of
     # their own (PartFetcher._send), but Exchange.upstream_seconds is never set for them: the
     # histogram counts nothing, under the member or under /mcp, so a member reached only through
@@ -280,7 +280,7 @@ def paged_tools(pages: int) -> Handler:
 async def test_with_redis_paused_for_writes_a_paged_member_is_still_listed_whole(
     redis: RedisServer, start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream
 ) -> None:
-    # README "Redis down or slow": every Redis call waits at most cluster.timeout_s, "callers
+    # docs/replicas.md "Redis down or slow": every Redis call waits at most cluster.timeout_s, "callers
     # are answered from the local tier or the upstream, never with an error caused by Redis".
     # While Redis takes no writes (CLIENT PAUSE WRITE: cluster_up stays 1, reads answer), each
     # cold page waits a lock call's timeout_s (0.25 s) before it goes upstream. The
@@ -314,7 +314,7 @@ async def test_with_redis_paused_for_writes_a_paged_member_is_still_listed_whole
 async def test_callers_waiting_on_a_page_mcp_gave_up_on_make_one_upstream_request_not_one_each(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream
 ) -> None:
-    # README "Coalescing": concurrent misses on one key make one upstream request. /mcp leads the
+    # docs/cache.md "Coalescing": concurrent misses on one key make one upstream request. /mcp leads the
     # key of p's page 2 (cursor "c2") when it asks for it; callers of that same page on
     # /servers/p/mcp join it. When p's pages run past its timeout_s, collect() cancels the page:
     # PartFetcher._lead releases the followers with None, the coalescer's "not storable: each
@@ -347,7 +347,7 @@ async def test_callers_waiting_on_a_page_mcp_gave_up_on_make_one_upstream_reques
 async def test_a_member_busy_when_mcp_asks_is_not_taken_for_a_failing_one_on_its_own_route(
     start_gateway: StartGateway, http: aiohttp.ClientSession, start_upstream: StartUpstream, fake_clock: FakeClock
 ) -> None:
-    # README "Stale-if-error": an expired entry answers only when fetching it again fails (the
+    # docs/cache.md "Stale-if-error": an expired entry answers only when fetching it again fails (the
     # upstream refused, reset, timed out, a 5xx...), and "after a failed attempt the key backs
     # off". Over max_inflight is not an attempt: on /servers/m/mcp it is a 503 and no backoff.
     # PartFetcher._lead counts Overloaded among MemberFailed and calls backoff.failed(key): for
