@@ -228,9 +228,9 @@ class RedisLink:
         else:
             self._down_reason = f"Redis refuses writes ({reason or 'refused before'})"
             log.warning(
-                "shared tier read-only (%s): invalidations cannot travel, so nothing is cached here "
-                "(every cacheable request goes upstream) until Redis takes writes again",
-                self._down_reason,
+                "shared tier read-only (a write was refused: %s): invalidations cannot travel, so nothing is "
+                "cached here (every cacheable request goes upstream) until Redis takes writes again",
+                reason or "before",
             )
         if self.on_change is not None and new != old:
             self.on_change(old, new, self._down_reason)
