@@ -266,8 +266,12 @@ async def _readyz(request: web.Request) -> web.Response:
 async def _purge(request: web.Request) -> web.Response:
     """``POST /admin/cache/purge?upstream=NAME&method=METHOD``: drop matching entries.
 
-    Needs ``Authorization: Bearer <admin token>`` (401 otherwise). Answers
-    ``{"purged": <count>}``; an unknown upstream or method is a 400.
+    Needs ``Authorization: Bearer <admin token>`` (401 otherwise); an unknown upstream or method
+    is a 400. Answers ``{"purged": <local count>}``; with ``[cluster]`` also ``"cluster"``:
+    ``"done"`` (200) when every replica and the shared tier have it, or ``"pending"`` (503, with
+    ``"detail"``) when Redis did not take it (down, refusing writes, too slow): the entries here
+    are gone, the invalidation is sent again until Redis takes it, and meanwhile the replicas
+    that read Redis serve nothing from their caches (:mod:`gateway.cluster.link`).
     """
     config = request.app[CONFIG]
     assert config.admin is not None
@@ -284,9 +288,24 @@ async def _purge(request: web.Request) -> web.Response:
     if bus is not None:
         bus.broadcast(invalidation, "purge")  # the other workers of this process group
     cluster = request.app.get(CLUSTER)
-    if cluster is not None:
-        count = await cluster.invalidate(invalidation, "purge")  # every replica, and the shared tier
-    else:
+    if cluster is None:
         count = request.app[STORE].purge(invalidation, "purge")
+        request.app[PROXY].update_size_gauges()
+        return web.json_response({"purged": count})
+    spread = await cluster.invalidate(invalidation, "purge")  # every replica, and the shared tier
     request.app[PROXY].update_size_gauges()
-    return web.json_response({"purged": count})
+    if spread.delivered:
+        return web.json_response({"purged": spread.count, "cluster": "done"})
+    return web.json_response(
+        {"purged": spread.count, "cluster": "pending", "detail": _PENDING_DETAIL},
+        status=503,
+        headers={"Retry-After": "1"},
+    )
+
+
+_PENDING_DETAIL: Final = (
+    "purged on this replica only so far: the shared tier (Redis) did not take the invalidation (down, "
+    "refusing writes, or too slow); it is sent again until Redis takes it "
+    "(mcp_gateway_cluster_invalidations_pending), and meanwhile the replicas that still reach Redis "
+    "answer from the upstreams, not from their caches"
+)

@@ -49,6 +49,7 @@ KNOWN_METRICS = {
     "mcp_gateway_cluster_errors_total",
     "mcp_gateway_cluster_reads_total",
     "mcp_gateway_cluster_leases_held",
+    "mcp_gateway_cluster_invalidations_pending",
 }
 REQUIRED_ALERTS = {
     "MCPGatewayUpstreamDown",
@@ -57,6 +58,7 @@ REQUIRED_ALERTS = {
     "MCPGatewayHighP99Latency",
     "MCPGatewaySharedTierDown",
     "MCPGatewaySharedTierErrors",
+    "MCPGatewayInvalidationsPending",
     "MCPGatewayServingStale",
 }
 

@@ -45,8 +45,16 @@ class CacheStore(Protocol):
         """How many purges there were that may have removed an entry of ``upstream``: those of
         every upstream, and its own (a purge of another upstream does not stop it storing)."""
 
+    @property
+    def held(self) -> bool:
+        """Whether the store is held (:meth:`hold`): it stores nothing."""
+
+    def hold(self, held: bool) -> None:
+        """Store nothing while ``held`` (what would be stored could not be vouched for: the
+        shared tier cannot carry invalidations); entries already in are the caller's to purge."""
+
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
-        """Store ``entry``; ``False`` if it was refused (caching disabled, too big, expired)."""
+        """Store ``entry``; ``False`` if it was refused (caching disabled, held, too big, expired)."""
 
     def put_stale(self, key: CacheKey, entry: CacheEntry) -> bool:
         """Store an expired ``entry`` still in its stale window (read from the shared tier), for
@@ -120,6 +128,7 @@ class MemoryStore:
         self._entries = _Entries(max_bytes, clock, keep_stale)
         self._keep_stale = keep_stale
         self._purges = 0
+        self._held = False
         #: Purges that may remove any upstream's entries, and those of one upstream (an
         #: Invalidation naming it), by name.
         self._purges_of_all = 0
@@ -183,8 +192,15 @@ class MemoryStore:
     def purges_of(self, upstream: str) -> int:
         return self._purges_of_all + self._purges_by_upstream.get(upstream, 0)
 
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def hold(self, held: bool) -> None:
+        self._held = held
+
     def put(self, key: CacheKey, entry: CacheEntry) -> bool:
-        if self._max_entries == 0 or entry.size > self._max_bytes:
+        if self._max_entries == 0 or entry.size > self._max_bytes or self._held:
             return False
         entries = self._entries
         self._expire()
@@ -202,7 +218,7 @@ class MemoryStore:
         entries = self._entries
         if not self._keep_stale or entry.keep_until <= entries.timer() or key in entries:
             return False  # the local tier keeps no stale entries, or holds one of its own
-        if self._max_entries == 0 or entry.size > self._max_bytes:
+        if self._max_entries == 0 or entry.size > self._max_bytes or self._held:
             return False
         entries.evicted = 0
         while len(entries) >= self._max_entries:

@@ -11,11 +11,12 @@ Two kinds of event travel on ``<key_prefix>:events`` (a Redis stream, trimmed to
   in every process stop waiting.
 
 A stream rather than pub/sub: a reader that lost its connection resumes after the last event it
-read and misses nothing. The reader also decides whether Redis is *up*: a read that fails twice in
-a row, or the stream gone further than the reader had got (trimmed while it was away or behind),
-empties the local tier and reloads the generations, so no process answers from an entry another
-one invalidated for longer than about :data:`BLOCK_S` + two call bounds (under 1 s with the
-default ``timeout_s``).
+read and misses nothing. The reader also decides whether Redis is *down*
+(:mod:`gateway.cluster.link` keeps the state: whether writes go through is the heartbeat's
+verdict): a read that fails twice in a row, or the stream gone further than the reader had got
+(trimmed while it was away or behind), empties the local tier and reloads the generations, so
+no process answers from an entry another one invalidated for longer than about :data:`BLOCK_S`
++ two call bounds (under 1 s with the default ``timeout_s``).
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ class Feed:
     """Reads ``<key_prefix>:events`` for this process and publishes to it.
 
     ``on_event`` receives every event (this process's own included); ``on_up()`` runs when
-    Redis answers again (before ``link.up`` is set: a chance to reload shared state), and
-    ``on_lost(reason)`` when the feed can no longer vouch for the local tier (Redis down, or
-    events missed).
+    Redis answers again (before the link is marked reading: a chance to reload shared state),
+    and ``on_lost(reason)`` when events were missed. The feed's verdict, whether it reads,
+    goes to :meth:`RedisLink.mark` (the link's state machine takes it from there).
     """
 
     def __init__(
@@ -77,15 +78,18 @@ class Feed:
         self._last_id: bytes | None = None
         self._gap_checked = 0.0
 
-    async def publish(self, event: dict[str, Any]) -> None:
-        """Append ``event`` to the stream.
+    async def publish(self, event: dict[str, Any], *, force: bool = False) -> None:
+        """Append ``event`` to the stream (``force``: tried even while the shared tier is not
+        up, :meth:`RedisLink.run`).
 
         Raises:
             Unavailable: Redis is down or the call failed.
         """
         data = dumps(event)
         await self.link.run(
-            "publish", lambda: self.link.client.xadd(self.stream, {"e": data}, maxlen=STREAM_MAXLEN, approximate=True)
+            "publish",
+            lambda: self.link.client.xadd(self.stream, {"e": data}, maxlen=STREAM_MAXLEN, approximate=True),
+            force=force,
         )
 
     async def run(self) -> None:
@@ -94,7 +98,7 @@ class Feed:
         failures = 0
         while True:
             try:
-                if not self.link.up:
+                if not self.link.reading:
                     await self._connect()
                     pause = RETRY_MIN_S
                 await self._read()
@@ -104,13 +108,10 @@ class Feed:
                     await self._replace_stream()
                     continue
                 failures += 1
-                if failures == 1 and self.link.up:
+                if failures == 1 and self.link.reading:
                     continue  # one dropped connection: read again at once, from the same event
                 self.link.metrics.cluster_errors.labels("feed").inc()
-                was_up = self.link.up
-                self.link.mark(False, _describe(exc))
-                if was_up:
-                    self._on_lost("shared tier down")
+                self.link.mark(False, _describe(exc))  # leaving "up" empties the local tier (the link's on_change)
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, RETRY_MAX_S)
 

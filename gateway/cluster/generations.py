@@ -103,13 +103,14 @@ class Generations:
             log.info("shared tier: %s was gone (Redis restarted empty, or flushed); renumbered", self.name)
         self.values = dict(zip(self.fields, values, strict=True))
 
-    async def bump(self, fields: list[str]) -> dict[str, int]:
-        """Raise ``fields`` in Redis and in the copy; returns their new values.
+    async def bump(self, fields: list[str], *, force: bool = False) -> dict[str, int]:
+        """Raise ``fields`` in Redis and in the copy; returns their new values (``force``:
+        tried even while the shared tier is not up, :meth:`RedisLink.run`).
 
         Raises:
             Unavailable: Redis is down or failed.
         """
-        raw: Any = await self.link.run("invalidate", lambda: self._bump(keys=[self.name], args=fields))
+        raw: Any = await self.link.run("invalidate", lambda: self._bump(keys=[self.name], args=fields), force=force)
         raised = dict(zip(fields, (int(v) for v in raw), strict=True))
         self.adopt(raised)
         return raised

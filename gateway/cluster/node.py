@@ -28,6 +28,12 @@ key per cluster. A process whose entry is due looks in the shared tier first (an
 yet is another process's refresh: adopted), then takes the lock; one that does not get it waits
 for the holder's ``done`` and adopts what it stored, or skips the refresh (its entry stays as it
 was). The refresh ends like a cold key's flight (:meth:`Cluster.finish`).
+
+Invalidation: the local entries go at once; then the generations are raised and the event
+published (:mod:`gateway.cluster.outbox`; what Redis does not take waits there). Whether the
+shared tier is up, down or read-only is :mod:`gateway.cluster.link`'s state machine; this
+process follows it (:meth:`Cluster._state_changed`): leaving ``up`` empties the local tier, and
+``read_only`` holds it (nothing stored) until Redis takes writes again.
 """
 
 from __future__ import annotations
@@ -50,10 +56,11 @@ from ..telemetry import GatewayMetrics
 from .entries import decode, encode, key_digest
 from .feed import Feed
 from .generations import Generations
-from .link import RedisLink, Unavailable
+from .link import RedisLink, State, Unavailable
+from .outbox import Outbox, Pending
 from .waiters import Waiters
 
-__all__ = ["LOCK_MARGIN_S", "Cluster", "Flight", "Lookup"]
+__all__ = ["LOCK_MARGIN_S", "Cluster", "Flight", "Lookup", "Spread"]
 
 log = logging.getLogger("mcp_gateway.cluster")
 
@@ -61,8 +68,6 @@ log = logging.getLogger("mcp_gateway.cluster")
 MAX_URI_CHARS: Final = 2048
 #: How long a starting process waits for Redis before it serves without, in seconds.
 STARTUP_WAIT_S: Final = 2.0
-#: How often an invalidation Redis refused is tried again, in seconds.
-RETRY_S: Final = 0.5
 #: A leader's lock outlives its upstream request's bound by this much, in seconds.
 LOCK_MARGIN_S: Final = 2.0
 
@@ -91,14 +96,13 @@ class Lookup:
     skipped: bool = False
 
 
-@dataclass(slots=True)
-class _Pending:
-    """An invalidation Redis has not taken yet (see :meth:`Cluster._spread`)."""
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """What :meth:`Cluster.invalidate` did: ``count`` local entries removed; ``delivered``:
+    every other process and the shared tier have it (else it waits in the outbox)."""
 
-    invalidation: Invalidation
-    reason: str
-    fields: list[str]
-    generations: dict[str, int] | None = None
+    count: int
+    delivered: bool
 
 
 class Cluster:
@@ -131,9 +135,17 @@ class Cluster:
             self.link, [self._field(u, m) for u in config.upstreams for m in sorted(CACHEABLE_METHODS)]
         )
         self.waiters = Waiters()
-        self._pending: list[_Pending] = []
-        self._fenced: set[str] = set()
-        self._retrying: asyncio.Task[None] | None = None
+        self.outbox = Outbox(
+            self.link,
+            self.generations,
+            self.feed,
+            metrics,
+            origin=self.node_id,
+            every_field=self.generations.fields,
+            delivered=self._delivered,
+        )
+        self.link.on_change = self._state_changed
+        self.link.before_writable = self.outbox.flush
         #: Called with the number of entries a remote invalidation removed (the size gauges).
         self.on_purged: Any = None
 
@@ -148,6 +160,7 @@ class Cluster:
         (the gateway starts serving after this: its first answers are then shared; with Redis
         down it serves without it, and joins when Redis answers)."""
         self.tasks.spawn(self.feed.run(), name="cluster:feed")
+        self.tasks.spawn(self.link.heartbeat(), name="cluster:heartbeat")
         try:
             async with asyncio.timeout(STARTUP_WAIT_S):
                 await self.link.answering.wait()
@@ -177,10 +190,11 @@ class Cluster:
     def shares(self, key: CacheKey) -> bool:
         """Whether ``key``'s entries may live in Redis: not for an upstream that receives the
         caller's ``Authorization`` (its entries belong to one authorization context), nor while
-        an invalidation of them has not got through (:meth:`_spread`)."""
+        an invalidation of them has not got through (:mod:`gateway.cluster.outbox`)."""
         if key.authorization is not None:
             return False
-        return not self._fenced or self._field(key.upstream, key.method) not in self._fenced
+        fenced = self.outbox.fenced
+        return not fenced or self._field(key.upstream, key.method) not in fenced
 
     # -- the shared tier --
 
@@ -394,24 +408,24 @@ class Cluster:
 
     # -- invalidation --
 
-    async def invalidate(self, invalidation: Invalidation, reason: str) -> int:
+    async def invalidate(self, invalidation: Invalidation, reason: str) -> Spread:
         """Remove what ``invalidation`` matches from this process and, through Redis, from every
-        other one and from the shared tier (done when this returns, unless Redis failed: then
-        see :meth:`_spread`); returns how many local entries went. With Redis down: local only
-        (each other process emptied its local tier when it lost Redis, unless only this one
-        lost it)."""
-        return self.store.purge(invalidation, reason) + await self._spread(invalidation, reason)
+        other one and from the shared tier. ``delivered`` when this returns with the others
+        told; else (Redis down, refusing writes, too slow) it waits in the outbox, and is sent
+        again before the shared tier is up again (:mod:`gateway.cluster.outbox`)."""
+        count = self.store.purge(invalidation, reason)
+        later, delivered = await self._spread(invalidation, reason)
+        return Spread(count + later, delivered)
 
     def invalidate_soon(self, invalidation: Invalidation, reason: str) -> int:
         """:meth:`invalidate` for callers that cannot wait: the local entries go now (their
         count is returned), the others in the background."""
         count = self.store.purge(invalidation, reason)
-        if self.link.up:
-            self.tasks.spawn(self._spread_quietly(invalidation, reason), name="cluster:invalidate")
+        self.tasks.spawn(self._spread_quietly(invalidation, reason), name="cluster:invalidate")
         return count
 
     async def _spread_quietly(self, invalidation: Invalidation, reason: str) -> None:
-        count = await self._spread(invalidation, reason)
+        count, _delivered = await self._spread(invalidation, reason)
         if count and self.on_purged is not None:
             self.on_purged(count)
 
@@ -420,56 +434,36 @@ class Cluster:
         methods = sorted(CACHEABLE_METHODS) if invalidation.methods is None else invalidation.methods
         return [self._field(u, m) for u in upstreams for m in methods]
 
-    async def _spread(self, invalidation: Invalidation, reason: str) -> int:
+    async def _spread(self, invalidation: Invalidation, reason: str) -> tuple[int, bool]:
         """Raise the generations ``invalidation`` touches and tell every process; returns how
-        many local entries went meanwhile (read back from Redis while the bump was on its way).
+        many local entries went meanwhile (read back from Redis while the bump was on its way)
+        and whether it got through (else it waits in the outbox, fenced)."""
+        delivered = await self.outbox.send(invalidation, reason, self._fields(invalidation))
+        return self.store.purge(invalidation, reason), delivered
 
-        If Redis refuses (full, paused, failing) the invalidation is kept and retried every
-        :data:`RETRY_S` until it gets through, and until then this process neither reads nor
-        writes shared entries of those (upstream, method) pairs: it never serves the entry it
-        invalidated, and the others learn of it when Redis takes writes again."""
-        if not self.link.up:
-            return 0
-        fields = self._fields(invalidation)
-        pending = _Pending(invalidation, reason, fields)
-        if not await self._try(pending):
-            self._pending.append(pending)
-            self._fenced.update(fields)
-            log.warning(_UNPUBLISHED, reason)
-            if self._retrying is None or self._retrying.done():
-                self._retrying = self.tasks.spawn(self._retry_pending(), name="cluster:retry-invalidation")
-        return self.store.purge(invalidation, reason)
-
-    async def _try(self, pending: _Pending) -> bool:
-        """Bump (once) and publish ``pending``; whether both went through."""
-        try:
-            if pending.generations is None:
-                pending.generations = await self.generations.bump(pending.fields)
-            await self.feed.publish(
-                {
-                    "type": "invalidate",
-                    "invalidation": pending.invalidation.to_json(),
-                    "reason": pending.reason,
-                    "generations": pending.generations,
-                    "origin": self.node_id,
-                }
-            )
-        except Unavailable:
-            return False
-        return True
-
-    async def _retry_pending(self) -> None:
-        while self._pending:
-            await asyncio.sleep(RETRY_S)
-            while self._pending and await self._try(self._pending[0]):
-                done = self._pending.pop(0)
-                self.store.purge(done.invalidation, done.reason)
-                log.info("shared tier: the invalidation (%s) got through", done.reason)
-            self._fenced = {f for p in self._pending for f in p.fields}
+    def _delivered(self, pending: Pending) -> None:
+        """A pending invalidation got through late: what was stored meanwhile goes too."""
+        count = self.store.purge(pending.invalidation, pending.reason)
+        if count and self.on_purged is not None:
+            self.on_purged(count)
 
     async def _reload(self) -> None:
-        """On (re)connecting: the generations as Redis has them."""
+        """On (re)connecting: the generations as Redis has them, and a first heartbeat (whether
+        writes go through). With invalidations waiting, the shared tier stays read-only until
+        the heartbeat has sent them (:meth:`RedisLink.beat`), rather than within the feed's bound."""
         await self.generations.sync()
+        if self.outbox.pending:
+            self.link.refused("invalidations of this process are waiting to get through")
+        else:
+            await self.link.beat(settle=False)
+
+    def _state_changed(self, old: State, new: State, reason: str) -> None:
+        """Follow the link's state (:mod:`gateway.cluster.link`): the local tier is held while
+        read-only, and emptied on leaving ``up`` (and on entering read-only from ``down``: what
+        was stored while down cannot be vouched for either)."""
+        self.store.hold(new == "read_only")
+        if new == "read_only" or old == "up":
+            self._lost(reason, quiet=True)  # the link logged the change
 
     def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
@@ -485,15 +479,14 @@ class Cluster:
             if count and self.on_purged is not None:
                 self.on_purged(count)
 
-    def _lost(self, reason: str) -> None:
+    def _lost(self, reason: str, *, quiet: bool = False) -> None:
         """The feed cannot vouch for the local tier any more: empty it, stop every wait."""
         count = self.store.purge(lambda _k: True, "cluster")
         self.waiters.release_all()
         if count and self.on_purged is not None:
             self.on_purged(count)
-        if reason != "shared tier down":  # that one has its own line (RedisLink.mark)
+        if not quiet:
             log.info("shared tier: %s; %d local entries dropped", reason, count)
 
 
-_UNPUBLISHED: Final = "shared tier: could not publish an invalidation (%s); other replicas keep their entries"
 _REASONS: Final = frozenset({"purge", "notification", "stream_lost"})

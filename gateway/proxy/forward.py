@@ -53,6 +53,9 @@ log = logging.getLogger("mcp_gateway.proxy")
 #: Store outcomes that are the upstream's word that its newest answer may not be shared: the
 #: older entry is no longer served stale nor refreshed (``CacheStore.supersede``).
 _SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
+#: The ``cache_stores`` outcome (and ``Cache-Status`` detail) of a storable answer not stored
+#: because the shared tier is read-only (:mod:`gateway.cluster.link`).
+HELD: Final = "cluster_read_only"
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
@@ -449,6 +452,8 @@ class Forwarder:
         entry: CacheEntry | None = None
         if result == STORED and self.store.purges_of(upstream.name) != purges:
             result = "refused"  # purged while it was on its way: this answer may be what the purge was for
+        elif result == STORED and self.store.held:
+            result = HELD  # the shared tier cannot carry invalidations: nothing stored could be vouched for
         elif result == STORED:
             assert isinstance(message, dict)
             entry = self.build(upstream.name, message)

@@ -320,10 +320,19 @@ class GatewayMetrics:
         # must not fire for a gateway that has no shared tier.
         self.cluster_up = Gauge(
             "cluster_up",
-            "1 while the shared tier (Redis) answers, 0 while the gateway serves without it.",
+            "1 while the shared tier (Redis) answers and takes writes, 0 while the gateway serves without it "
+            "(Redis down, or refusing writes: then nothing is cached until it takes them again).",
             namespace=ns,
             registry=own if cluster else None,
             multiprocess_mode="livemin",
+        )
+        self.cluster_invalidations_pending = Gauge(
+            "cluster_invalidations_pending",
+            "Invalidations (purges, list_changed notifications, lost listen streams) this process could "
+            "not write to the shared tier yet; sent again until Redis takes them.",
+            namespace=ns,
+            registry=own if cluster else None,
+            multiprocess_mode="livesum",
         )
         self.cluster_errors = Counter(
             "cluster_errors",
@@ -350,7 +359,7 @@ class GatewayMetrics:
         if group is not None:
             # A labelless gauge has a value in the files from its creation: cluster_up would
             # read 0 without [cluster].
-            hidden = () if cluster else (f"{ns}_cluster_up",)
+            hidden = () if cluster else (f"{ns}_cluster_up", f"{ns}_cluster_invalidations_pending")
             group.register(GroupCollector(group.path, self._before_group_collect, hidden))
 
     def evicted(self, reason: str, count: int) -> None:

@@ -50,6 +50,27 @@ def test_redis_server_restarts_empty_on_the_same_port_and_pauses_its_clients(red
     assert "start 2" in redis_server.log()
 
 
+def test_a_filled_redis_refuses_every_write_and_serves_reads_until_it_has_room(redis_server: RedisServer) -> None:
+    with redis_server.client() as client:
+        client.set(b"k", b"v")
+        client.xadd(b"s", {b"e": b"1"})
+    assert redis_server.fill() > 0
+    with redis_server.client() as client:
+        assert client.get(b"k") == b"v" and len(client.xrange(b"s")) == 1  # reads are served
+        for write in (
+            lambda: client.set(b"k", b"w", px=1000),
+            lambda: client.xadd(b"s", {b"e": b"2"}),
+            lambda: client.hincrby(b"h", b"f", 1),
+            lambda: client.eval("return redis.call('SET', KEYS[1], 'x')", 1, b"k"),
+        ):
+            with pytest.raises(redis.ResponseError):
+                write()
+    redis_server.make_room()
+    with redis_server.client() as client:
+        assert client.set(b"k", b"w")
+        assert redis_server.scan_keys("test-filler:*") == []
+
+
 def test_garbage_keeps_each_keys_type_and_expiry(redis_server: RedisServer) -> None:
     with redis_server.client() as client:
         client.set(b"p:s", b'{"ok": true}', px=30_000)

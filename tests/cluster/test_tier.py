@@ -227,10 +227,17 @@ def tool(answer: tuple[int, str, Any]) -> str:
     return str(answer[2]["result"]["tools"][0]["name"])
 
 
-async def purge(http: aiohttp.ClientSession, gw: RunningGateway) -> int:
+async def purge_answer(http: aiohttp.ClientSession, gw: RunningGateway) -> tuple[int, dict[str, Any]]:
+    """``POST /admin/cache/purge`` (everything): the status and the JSON body."""
     async with http.post(f"{gw.base_url}/admin/cache/purge", headers={"Authorization": f"Bearer {ADMIN}"}) as r:
-        assert r.status == 200
-        return int((await r.json())["purged"])
+        return r.status, dict(await r.json())
+
+
+async def purge(http: aiohttp.ClientSession, gw: RunningGateway) -> int:
+    """A purge the cluster takes: the local count."""
+    status, body = await purge_answer(http, gw)
+    assert status == 200 and body["cluster"] == "done", (status, body)
+    return int(body["purged"])
 
 
 async def versioned_pair(
@@ -257,13 +264,22 @@ async def everyone_serves(http: aiohttp.ClientSession, version: str, *gateways: 
     await wait_until(fresh, limit_s=5, what=f"{version} on every gateway")
 
 
+async def test_a_purge_the_cluster_took_says_done_and_leaves_nothing_pending(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    _versioned, a, _b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
+    assert await purge_answer(http, a) == (200, {"purged": 1, "cluster": "done"})
+    assert a.registry.get_sample_value("mcp_gateway_cluster_invalidations_pending") == 0
+
+
 async def test_a_purge_redis_refuses_to_write_is_kept_until_it_gets_through(
     redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
 ) -> None:
     versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
     versioned.version = 2
     redis_server.pause(1.5, mode="WRITE")
-    assert await purge(http, a) == 1
+    status, body = await purge_answer(http, a)
+    assert (status, body["purged"], body["cluster"]) == (503, 1, "pending"), body
     # The purging gateway never answers from what it purged, not even through Redis.
     assert tool(await call(http, a, 3)) == "t2"
     assert tool(await call(http, a, 4)) == "t2"

@@ -5,6 +5,7 @@
     server.stop(); server.start()    # down, then up again on the same port (empty: no persistence)
     server.kill()                    # SIGKILL
     server.pause(2.0)                # CLIENT PAUSE: every client's commands wait 2 s
+    server.fill(); server.make_room()   # full (writes refused with OOM, reads served), then not
     server.scan_keys("*")            # the keys, by SCAN
     server.dump_all()                # {key: value} of every key (by type, see dump_all)
     server.write_garbage_over_every_key()
@@ -35,6 +36,12 @@ from redis.retry import Retry
 from .fleet import HOST, free_port
 
 STARTUP_TIMEOUT = 10.0
+#: :meth:`RedisServer.fill`: room left before filling, the filler values' size, and how far
+#: ``maxmemory`` is then put below what is used (a full server stays full whatever frees a little).
+FILL_HEADROOM_BYTES = 1 << 20
+FILLER_BYTES = 64 << 10
+FULL_MARGIN_BYTES = 256 << 10
+FILLER_PREFIX = "test-filler:"
 STOP_TIMEOUT = 5.0
 CLIENT_TIMEOUT = 2.0
 #: Tries at binding a free port that another process took between the choice and the bind.
@@ -210,6 +217,36 @@ class RedisServer:
         writes) for ``seconds``; returns at once."""
         with self.client() as client:
             client.execute_command("CLIENT", "PAUSE", max(1, round(seconds * 1000)), mode)
+
+    def fill(self) -> int:
+        """Full for real: ``maxmemory`` just above what is used, ``noeviction``, then filler keys
+        (:data:`FILLER_PREFIX`) until Redis refuses a write with OOM; ``maxmemory`` then goes a
+        little below what is used, so that nothing the server frees by itself (an expired key,
+        a client buffer) lets a write through. Every write (SET, XADD, EVAL of a writing script)
+        is refused, every read served. Returns the filler keys written; :meth:`make_room` undoes it."""
+        blob = b"x" * FILLER_BYTES
+        with self.client() as client:
+            client.config_set("maxmemory-policy", "noeviction")
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory", used + FILL_HEADROOM_BYTES)
+            for n in itertools.count():
+                try:
+                    client.set(f"{FILLER_PREFIX}{n}", blob)
+                except redis.exceptions.OutOfMemoryError:
+                    used = int(client.info("memory")["used_memory"])
+                    client.config_set("maxmemory", max(1, used - FULL_MARGIN_BYTES))
+                    return n
+                if n * FILLER_BYTES > 4 * FILL_HEADROOM_BYTES:
+                    raise RuntimeError(f"redis-server on {HOST}:{self.port} took {n} filler keys without refusing one")
+        raise AssertionError("unreachable")
+
+    def make_room(self) -> None:
+        """Undo :meth:`fill`: no ``maxmemory`` (the default), the filler keys deleted."""
+        with self.client() as client:
+            client.config_set("maxmemory", 0)
+            fillers = list(client.scan_iter(match=f"{FILLER_PREFIX}*", count=1000))
+            if fillers:
+                client.delete(*fillers)
 
     def unpause(self) -> None:
         with self.client() as client:
