@@ -216,7 +216,7 @@ class Cluster:
                 if self._usable(entry, refresh):
                     self._spawn_release(lock)
                     return Lookup(entry) if self.ident(key) == ident else Lookup()
-                stale = self._stale(entry) or stale
+                stale = self._stale(entry)  # read again: an answer since may have ended its window
                 return Lookup(flight=Flight(ident, lock), stale=stale if self.ident(key) == ident else None)
             if not await self._lock_is_live(ident):
                 return Lookup(stale=stale) if self.ident(key) == ident else Lookup()
@@ -225,13 +225,13 @@ class Cluster:
                     stored = await done
             except TimeoutError:
                 stored = False
-            if stored and (entry := await self._read(key, ident)) is not None and self.ident(key) == ident:
-                if self._usable(entry, False):
-                    return Lookup(entry, collapsed=True)
-                stale = self._stale(entry) or stale
+            # Read again after the leader: what it stored, or whether its answer ended the window.
+            entry = await self._read(key, ident) if stored or stale is not None else None
             if self.ident(key) != ident:
                 return Lookup()
-            return Lookup(stale=stale, skipped=refresh)
+            if stored and self._usable(entry, False):
+                return Lookup(entry, collapsed=True)
+            return Lookup(stale=self._stale(entry), skipped=refresh)
         finally:
             self.waiters.forget(ident, done)
 
