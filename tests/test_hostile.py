@@ -26,6 +26,7 @@ from aiohttp import web
 from gateway.app import STORE
 from gateway.sse import SSEParser
 
+from .fleet_registry import wait_until
 from .support import (
     FakeUpstream,
     StartGateway,
@@ -236,7 +237,7 @@ async def test_coalesced_followers_are_answered_while_the_leader_reads_nothing(
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(raw_tools_list("leader"))  # and never read
     await writer.drain()
-    await asyncio.sleep(0.1)
+    await wait_until(lambda: upstream.requests, what="the leader's request upstream")  # it leads the key
 
     async def follower(i: int) -> str:
         async with http.post(gw.url("up"), json=rpc("tools/list", i), headers=mcp_headers("tools/list")) as resp:

@@ -167,7 +167,9 @@ class PartFetcher:
         flight: Flight | None = None,
     ) -> Part:
         """Send ``body`` to ``upstream`` and read the answer whole; store it under ``key`` when
-        the cache policy allows (:func:`~gateway.cache.store_outcome`), as the proxy would."""
+        the cache policy allows (:func:`~gateway.cache.store_outcome`), as the proxy would, and
+        whatever it is (an error included) end the key's stale window if it is not stored
+        (:meth:`~gateway.proxy.forward.Forwarder.keep`)."""
         if upstream.inflight >= upstream.config.max_inflight:
             raise Overloaded(f"upstream {upstream.name} has {upstream.inflight} requests in flight")
         headers = upstream.request_headers(request.headers, allow_authorization=self.forwarder.allow_authorization)
@@ -184,14 +186,15 @@ class PartFetcher:
             self.forwarder.metrics.request_metrics.upstream_request(
                 upstream.name, method, time.perf_counter() - started
             )
+        entry: CacheEntry | None = None
+        if key is not None:
+            # Stored as the proxy would store it; an error is an answer too, and ends the stale window.
+            _, entry = self.forwarder.keep(upstream, key, method, status, message, size, purges, flight)
         if status >= 500 or "error" in message:
             raise MemberError.of(upstream.name, status, message, parsed.request_id)
         result = message.get("result")
         if not isinstance(result, dict):
             raise BadGateway(f"upstream {upstream.name} answered without a result", request_id=parsed.request_id)
-        entry: CacheEntry | None = None
-        if key is not None:  # stored as the proxy would store it
-            _, entry = self.forwarder.keep(upstream, key, method, status, message, size, purges, flight)
         now = self.clock()
         if entry is not None:
             return Part(result, entry.ttl_ms, True, key, entry, fetched=True, size=size, at=now)

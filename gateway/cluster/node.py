@@ -230,7 +230,7 @@ class Cluster:
                 if self._usable(entry, refresh):
                     self._spawn_release(lock)
                     return Lookup(entry) if self.ident(key) == ident else Lookup()
-                stale = self._stale(entry) or stale
+                stale = self._stale(entry)  # read again: an answer since may have ended its window
                 return Lookup(flight=Flight(ident, lock), stale=stale if self.ident(key) == ident else None)
             if not await self._lock_is_live(ident):
                 return Lookup(stale=stale) if self.ident(key) == ident else Lookup()
@@ -239,13 +239,13 @@ class Cluster:
                     stored = await done
             except TimeoutError:
                 stored = False
-            if stored and (entry := await self._read(key, ident)) is not None and self.ident(key) == ident:
-                if self._usable(entry, False):
-                    return Lookup(entry, collapsed=True)
-                stale = self._stale(entry) or stale
+            # Read again after the leader: what it stored, or whether its answer ended the window.
+            entry = await self._read(key, ident) if stored or stale is not None else None
             if self.ident(key) != ident:
                 return Lookup()
-            return Lookup(stale=stale, skipped=refresh)
+            if stored and self._usable(entry, False):
+                return Lookup(entry, collapsed=True)
+            return Lookup(stale=self._stale(entry), skipped=refresh)
         finally:
             self.waiters.forget(ident, done)
 
@@ -259,18 +259,20 @@ class Cluster:
         """``entry`` if it expired (it is in its stale window: :func:`decode` saw to that)."""
         return entry if entry is not None and entry.expires_at <= self.clock() else None
 
-    def finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None) -> None:
-        """The leader's outcome: write ``entry`` (``None``: nothing storable), free the lock, say
-        ``done``; in the background, in that order."""
+    def finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None, *, supersede: bool = False) -> None:
+        """The leader's outcome: write ``entry`` (``None``: nothing storable; ``supersede``: the
+        stale window ends, :meth:`supersede`), free the lock, say ``done``; in the background, in that order."""
         if flight.finished:
             return
         flight.finished = True
-        self.tasks.spawn(self._finish(flight, key, entry), name="cluster:finish")
+        self.tasks.spawn(self._finish(flight, key, entry, supersede), name="cluster:finish")
 
-    async def _finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None) -> None:
+    async def _finish(self, flight: Flight, key: CacheKey, entry: CacheEntry | None, supersede: bool) -> None:
         stored = False
         if entry is not None:
             stored = await self._write(key, flight.ident, entry)
+        elif supersede and (window_ms := self.config.stale_if_error_ms(key.upstream)) and self.shares(key):
+            await self._shorten(self.link.key("entry", flight.ident), window_ms)
         try:
             await self.link.run("unlock", flight.lock.release)
         except (Unavailable, LockError):
@@ -334,26 +336,24 @@ class Cluster:
         return True
 
     def supersede(self, key: CacheKey) -> None:
-        """The upstream's newest answer for ``key`` may not be stored (private, ...): the shared
-        entry loses its stale window (Redis expiry back to its freshness), in the background.
-        A no-op for an upstream without ``stale_if_error_ms``."""
-        window_ms = self.config.stale_if_error_ms(key.upstream)
-        if not window_ms or not self.link.up or not self.shares(key):
-            return
-        name = self.link.key("entry", self.ident(key))
+        """The upstream answered ``key`` and its answer was not stored (an error, private, ...):
+        the shared entry loses its stale window (Redis expiry back to its freshness; an expired one
+        goes), in the background. A no-op without ``stale_if_error_ms`` or with Redis down."""
+        if (window_ms := self.config.stale_if_error_ms(key.upstream)) and self.link.up and self.shares(key):
+            name = self.link.key("entry", self.ident(key))
+            self.tasks.spawn(self._shorten(name, window_ms), name="cluster:supersede")
 
-        async def shorten() -> None:
-            try:
-                left = await self.link.run("pttl", lambda: self.link.client.pttl(name))
-                if isinstance(left, int) and left > 0:
-                    if left > window_ms:
-                        await self.link.run("pexpire", lambda: self.link.client.pexpire(name, left - window_ms))
-                    else:
-                        await self.link.run("del", lambda: self.link.client.delete(name))
-            except Unavailable:
-                pass  # Redis is away: it expires by itself at the end of the window
-
-        self.tasks.spawn(shorten(), name="cluster:supersede")
+    async def _shorten(self, name: str, window_ms: int) -> None:
+        """Take ``window_ms`` off the Redis expiry of the entry ``name``; remove it if that is all it has left."""
+        try:
+            left = await self.link.run("pttl", lambda: self.link.client.pttl(name))
+            if isinstance(left, int) and left > 0:
+                if left > window_ms:
+                    await self.link.run("pexpire", lambda: self.link.client.pexpire(name, left - window_ms))
+                else:
+                    await self.link.run("del", lambda: self.link.client.delete(name))
+        except Unavailable:
+            pass  # Redis is away: it expires by itself at the end of the window
 
     async def _note_uri(self, upstream: str, uri: str) -> None:
         """Add ``uri`` to the upstream's set of cached resource URIs (what its listen stream

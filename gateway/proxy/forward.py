@@ -50,9 +50,6 @@ __all__ = ["Forwarder", "error_code"]
 
 log = logging.getLogger("mcp_gateway.proxy")
 
-#: Store outcomes that are the upstream's word that its newest answer may not be shared: the
-#: older entry is no longer served stale nor refreshed (``CacheStore.supersede``).
-_SUPERSEDING: Final = frozenset({"private", "no_ttl", "input_required"})
 #: The ``cache_stores`` outcome (and ``Cache-Status`` detail) of a storable answer not stored
 #: because the shared tier is read-only (:mod:`gateway.cluster.link`).
 HELD: Final = "cluster_read_only"
@@ -289,17 +286,22 @@ class Forwarder:
         status = resp.status
         parsed = ex.parsed
         message: object = None
-        if parsed is not None and parsed.kind == "request" and (200 <= status < 300 or status >= 500):
+        checked = 200 <= status < 300 or status >= 500
+        # A cacheable request's answer is read at any status: a JSON-RPC response over HTTP 4xx
+        # is an answer too, and ends the key's stale window (keep).
+        if parsed is not None and parsed.kind == "request" and (checked or ex.key is not None):
             try:
                 # Only an answer to store is parsed exactly; a relayed one for its envelope.
                 message = loads(data) if ex.key is not None else loads_relayed(data, parsed.request_id)
             except ValueError:
                 message = None
             if not response_id_matches(message, parsed.request_id):
-                raise BadGateway(
-                    f"upstream {upstream.name} answered HTTP {status} without a JSON-RPC response to this request"
-                )
-        self._answered(ex, upstream, status, message)
+                if checked:
+                    raise BadGateway(
+                        f"upstream {upstream.name} answered HTTP {status} without a JSON-RPC response to this request"
+                    )
+                message = None  # a 4xx without one is relayed as it came
+        self._answered(ex, upstream, status, message if checked else None)
         if ex.key is not None:
             self._maybe_store(ex, upstream, status, message, len(data))
         ex.large = len(data) > LARGE_BODY_BYTES
@@ -444,10 +446,17 @@ class Forwarder:
         cacheable request ``key`` if the cache policy allows (:func:`~gateway.cache.store_outcome`)
         and no purge that could be about it came since it was sent (``purges``: the store's
         ``purges_of(upstream)`` then); with ``[cluster]`` in the shared tier too (``flight``: this
-        process leads the key for the cluster, whose other followers learn the outcome). An answer
-        the upstream says may not be shared ends the key's stale window. Returns the store outcome
-        (the ``cache_stores`` label) and the entry stored, if any. Every answer the gateway reads
-        for a cacheable request comes here: relayed, refreshed, or a part of ``POST /mcp``."""
+        process leads the key for the cluster, whose other followers learn the outcome).
+
+        ``message`` is the JSON-RPC response to the request (``None``: a 4xx without one). Any
+        response that is not stored, whatever its HTTP status (an error, private, no ``ttlMs``,
+        too large, refused...), ends the key's stale window here and in the shared tier: it is
+        the upstream's newest word on the key, and an older entry must not answer in its place
+        once the upstream fails (MCP 2026-07-28, server/utilities/caching: a cache may serve
+        stale data when re-fetching fails, and an answer is no failure). Returns the store
+        outcome (the ``cache_stores`` label) and the entry stored, if any. Every answer the
+        gateway reads for a cacheable request comes here: relayed, refreshed, or a part of
+        ``POST /mcp``."""
         result = store_outcome(status, message, size, self.max_entry_bytes)
         entry: CacheEntry | None = None
         if result == STORED and self.store.purges_of(upstream.name) != purges:
@@ -459,10 +468,9 @@ class Forwarder:
             entry = self.build(upstream.name, message)
             if entry is None or not self.store.put(key, entry):
                 result, entry = "refused", None
-        elif result in _SUPERSEDING:
+        superseded = entry is None and isinstance(message, dict)
+        if superseded:
             self.store.supersede(key)  # an entry kept stale must not outlive this answer
-            if self.cluster is not None:
-                self.cluster.supersede(key)
         self.metrics.cache_stores.labels(upstream.name, method, result).inc()
         self.update_size_gauges()
         self.backoff.succeeded(key)  # the upstream answered, stored or not
@@ -470,9 +478,12 @@ class Forwarder:
             self.refresh_backoff.succeeded(key)
         if self.cluster is not None:
             if flight is not None:
-                self.cluster.finish(flight, key, entry)  # written, unlocked, then "done"
+                # Written (or its stale window ended), unlocked, then "done".
+                self.cluster.finish(flight, key, entry, supersede=superseded)
             elif entry is not None:
                 self.cluster.share(key, entry)
+            elif superseded:
+                self.cluster.supersede(key)
         return result, entry
 
     def update_size_gauges(self) -> None:

@@ -40,6 +40,7 @@ pytestmark = pytest.mark.timeout(60)
 Handler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
 ADMIN = "second-pass-admin-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent.parent
+CHANGED = b"notifications/tools/list_changed"
 
 
 @pytest.fixture
@@ -463,15 +464,19 @@ async def test_with_two_workers_each_change_of_a_member_is_one_notification_per_
             for _ in range(3):  # three changes, a second apart
                 await add_tool(changing_up, unique("e10"))
                 await asyncio.sleep(1)
-            await asyncio.sleep(1)
             told = []
             for reader, _ in streams:
                 got = b""
+                # Until the three have come (at most 10 s), then 0.2 s more for any extra one.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10):
+                        while got.count(CHANGED) < 3 and (chunk := await reader.read(65536)):
+                            got += chunk
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.2):
                         while chunk := await reader.read(65536):
                             got += chunk
-                told.append(got.count(b"notifications/tools/list_changed"))
+                told.append(got.count(CHANGED))
         finally:
             for _, writer in streams:
                 writer.close()
@@ -520,7 +525,11 @@ async def test_over_one_redis_mcp_composes_from_another_gateways_parts_hears_its
     a, b = await start_gateway(config), await start_gateway(config)
     await connected(a, b)
     assert names((await agg(http, a, "tools/list")).result) == ["m__v1", "o__ok"]
-    await asyncio.sleep(0.2)  # the parts' shared writes are in the background
+
+    async def parts_shared() -> bool:  # a writes the parts to Redis in the background
+        return len(redis.scan_keys("h1:entry:*")) == 2
+
+    await eventually(parts_shared, limit_s=5, what="both parts in Redis")
     on_b = await agg(http, b, "tools/list")
     assert names(on_b.result) == ["m__v1", "o__ok"] and up.count("tools/list") == 1, on_b.cache_status
     listed["now"] = "v2"
@@ -530,7 +539,11 @@ async def test_over_one_redis_mcp_composes_from_another_gateways_parts_hears_its
         return names((await agg(http, b, "tools/list")).result) == ["m__v2", "o__ok"]
 
     await eventually(b_lists_v2, limit_s=3, what="b composing m's list again after a's purge")
-    await asyncio.sleep(0.5)  # the flights' locks released (garbage over a held lock: its followers wait it out)
+
+    async def locks_released() -> bool:  # garbage over a held lock: its followers would wait it out
+        return not redis.scan_keys("h1:lock:*")
+
+    await eventually(locks_released, limit_s=5, what="the flights' locks released")
     assert redis.write_garbage_over_every_key() > 0
     a.app[STORE].purge(lambda _k: True, "test")  # the local tiers cold: the next parts come from Redis
     b.app[STORE].purge(lambda _k: True, "test")

@@ -18,7 +18,7 @@ from ..support.redis import RedisServer
 from ..support.replicas import Replicas
 from ..support.wire import mcp_headers, rpc
 from .conftest import StartReplicas
-from .test_replicas import cluster_config, eventually, unique, wait_for_listening_holder
+from .test_replicas import KEY_PREFIX, cluster_config, eventually, unique, wait_for_listening_holder
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -54,12 +54,20 @@ async def replicas(
 
 
 async def test_a_warm_aggregate_on_one_replica_is_composed_on_another_without_an_upstream_request(
-    replicas: Replicas, http: aiohttp.ClientSession, public_up: Upstream, changing_up: Upstream
+    replicas: Replicas,
+    redis_server: RedisServer,
+    http: aiohttp.ClientSession,
+    public_up: Upstream,
+    changing_up: Upstream,
 ) -> None:
     first = await aggregate_call(http, replicas.base_url(0))
     names = [tool["name"] for tool in first["result"]["tools"]]
     assert "pub__add" in names and any(n.startswith("chg__") for n in names)
-    await asyncio.sleep(0.3)  # the parts' shared writes are in the background
+
+    async def parts_shared() -> bool:  # replica 0 writes the parts (one page each) to Redis in the background
+        return len(await asyncio.to_thread(redis_server.scan_keys, f"{KEY_PREFIX}:entry:*")) == 2
+
+    await eventually(parts_shared, limit_s=5, what="both members' parts in Redis")
     before = {name: (await fetch_counts(up))["tools/list"] for name, up in (("pub", public_up), ("chg", changing_up))}
     for index in (1, 2):
         again = await aggregate_call(http, replicas.base_url(index))

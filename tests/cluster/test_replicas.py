@@ -306,6 +306,8 @@ async def test_an_entry_stored_by_one_replica_is_a_hit_on_another_with_ttl_lower
     received = time.monotonic()
     assert first.status == 200 and first.stored, first.cache_status
     assert first.ttl_ms == UPSTREAM_TTL_MS
+    # A writes it to Redis in the background, after answering: B's first read must find it.
+    await eventually(lambda: stored_in_redis(redis_server, b"slow_progress"), limit_s=5, what="A's entry in Redis")
     await asyncio.sleep(0.3)  # so that "lowered from the first receipt" is visible in milliseconds
 
     on_b = await call(http, replicas.url(1, "pub"), id_="on-b")
@@ -546,6 +548,8 @@ async def test_with_redis_stopped_callers_get_no_errors_and_cluster_up_says_so_a
     uri = f"res://items/{unique('after-restart')}"
     on_a = await call(http, replicas.url(0, "pub"), "resources/read", {"uri": uri})
     assert on_a.stored, on_a.cache_status
+    # A writes it to Redis in the background, after answering: B's first read must find it.
+    await eventually(lambda: stored_in_redis(redis_server, uri.encode()), limit_s=5, what="A's entry in Redis")
     on_b = await call(http, replicas.url(1, "pub"), "resources/read", {"uri": uri})
     assert on_b.shared, on_b.cache_status
     assert without_ttl(on_b.result) == without_ttl(on_a.result)
@@ -710,7 +714,11 @@ async def test_a_purge_reaches_every_worker(
     replicas = await start_worker_group(redis_server, start_replicas, public_up, with_cluster)
     if redis_down:
         redis_server.stop()
-        await asyncio.sleep(2)  # every worker's feed has noticed: each serves on its own
+
+        async def every_worker_noticed() -> bool:  # each serves on its own
+            return replicas.log(0).count("shared tier down") >= 2
+
+        await eventually(every_worker_noticed, limit_s=10, what="both workers saying the shared tier is down")
     first = await call(fresh_http, replicas.url(0, "pub"))
     old_received_by = time.monotonic()
     assert first.status == 200

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.app import CLUSTER
+from gateway.app import CLUSTER, STORE
 from gateway.cache import CacheEntry, CacheKey, build_entry
 from gateway.cluster.entries import decode, encode, key_digest
 from tests.fleet_registry import wait_until
@@ -38,6 +38,20 @@ async def connected(*gateways: RunningGateway) -> None:
         lambda: all(g.registry.get_sample_value("mcp_gateway_cluster_up") == 1 for g in gateways),
         what="the shared tier up",
     )
+
+
+async def in_redis(redis: RedisServer, gw: RunningGateway, cursor: str | None = None) -> None:
+    """Until the entry ``gw`` holds for ``tools/list`` (with ``cursor``) is in Redis: a gateway
+    writes it there in the background, after answering; within 10 s."""
+    params = b"{}" if cursor is None else b'{"cursor":"' + cursor.encode() + b'"}'
+    (key,) = [k for k in gw.app[STORE].keys() if k.method == "tools/list" and k.params == params]
+    cluster = gw.app[CLUSTER]
+
+    def written() -> bool:
+        with redis.client() as client:
+            return bool(client.exists(cluster.link.key("entry", cluster.ident(key))))
+
+    await wait_until(written, what=f"the entry of {key} in Redis")
 
 
 async def call(http: aiohttp.ClientSession, gw: RunningGateway, id_: object, **params: Any) -> tuple[int, str, Any]:
@@ -204,6 +218,7 @@ async def test_with_redis_paused_callers_are_answered_within_the_bound_and_shari
     await wait_until(lambda: a.registry.get_sample_value("mcp_gateway_cluster_up") == 0, what="down", limit_s=5)
     await connected(a, b)  # the pause ends: back by itself
     assert (await call(http, a, "x", cursor="after"))[1].endswith("stored; ttl=60")
+    await in_redis(redis_server, a, "after")
     assert "detail=shared" in (await call(http, b, "y", cursor="after"))[1]
 
 
@@ -250,6 +265,7 @@ async def versioned_pair(
     a, b = await start_gateway(config), await start_gateway(config)
     await connected(a, b)
     assert tool(await call(http, a, 1)) == "t1"
+    await in_redis(redis, a)
     assert "detail=shared" in (await call(http, b, 2))[1]
     return versioned, a, b
 

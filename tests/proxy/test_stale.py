@@ -24,6 +24,7 @@ from gateway.cache import invalidation
 from gateway.config import parse_config
 
 from ..support import FakeClock, FakeUpstream, RunningGateway, StartGateway, list_result, mcp_headers, rpc
+from ..support.wire import sse_frame, sse_messages
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,15 +35,21 @@ STALE_MS = 30_000
 Reply = tuple[int, str, Any]
 
 
+#: The JSON-RPC error an upstream answers for what does not exist (resource not found).
+GONE: Final = -32002
+
+
 class Scripted(FakeUpstream):
     """A FakeUpstream answering ``tools/list`` as ``mode`` says: ``ok`` (public, ``TTL_MS``),
     ``private``, ``html503``, ``garbage200``, ``rpc_error`` (HTTP 500 with a JSON-RPC error),
-    ``hang`` (never in time)."""
+    ``gone`` (a :data:`GONE` error with HTTP ``gone_status``), ``gone_sse`` (that error as an
+    SSE event, HTTP 200), ``big`` (a public list of about 5000 bytes), ``hang`` (never in time)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.mode = "ok"
         self.delay_s = 0.0
+        self.gone_status = 200
         self.handlers["tools/list"] = self.tools_list
 
     async def tools_list(self, request: web.Request, msg: Any) -> web.StreamResponse:
@@ -58,6 +65,19 @@ class Scripted(FakeUpstream):
         if mode == "rpc_error":
             error = {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": -32603, "message": "backend down"}}
             return web.json_response(error, status=500)
+        gone = {"jsonrpc": "2.0", "id": msg["id"], "error": {"code": GONE, "message": "no such list"}}
+        if mode == "gone":
+            return web.json_response(gone, status=self.gone_status)
+        if mode == "gone_sse":
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            await stream.write(sse_frame(gone))
+            await stream.write_eof()
+            return stream
+        if mode == "big":
+            answer = list_result(msg["id"], "public", TTL_MS)
+            answer["result"]["tools"][0]["description"] = "x" * 5_000
+            return web.json_response(answer)
         return web.json_response(list_result(msg["id"], "private" if mode == "private" else "public", TTL_MS))
 
 
@@ -171,6 +191,93 @@ async def test_a_jsonrpc_error_answer_is_relayed_not_replaced_by_the_stale_entry
     status, cache_status, body = await call(http, gw, id_=3)
     assert (status, body["error"]["message"], body["id"]) == (500, "backend down", 3)
     assert "hit" not in cache_status
+
+
+@pytest.mark.parametrize("http_status", [200, 404, 500])
+async def test_an_upstream_that_answered_gone_is_not_answered_stale_for_in_its_next_outage(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock, http_status: int
+) -> None:
+    upstream, _, gw = await start_env()
+    await call(http, gw)
+    upstream.mode, upstream.gone_status = "gone", http_status
+    fake_clock.advance(TTL_MS / 1000 + 1)  # expired, kept for its stale window
+    status, cache_status, body = await call(http, gw, id_=3)
+    assert (status, body["error"]["code"], body["id"]) == (http_status, GONE, 3)  # relayed
+    assert "hit" not in cache_status
+    upstream.mode = "html503"  # then an outage: the upstream's last word was "gone"
+    status, cache_status, body = await call(http, gw, id_=4)
+    assert status == 502, f"answered stale after the upstream said it is gone: {cache_status}"
+    assert (body["error"]["code"], body["id"]) == (-32603, 4)
+    assert "detail=upstream-error" in cache_status
+    assert upstream.count("tools/list") == 3
+
+
+async def test_an_upstream_that_answered_gone_in_an_event_stream_is_not_answered_stale_for_after(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    upstream, _, gw = await start_env()
+    await call(http, gw)
+    upstream.mode = "gone_sse"
+    fake_clock.advance(TTL_MS / 1000 + 1)
+    async with http.post(gw.url("up"), json=rpc("tools/list", id_=3), headers=mcp_headers("tools/list")) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        (answer,) = sse_messages(await r.read())
+    assert (answer["id"], answer["error"]["code"]) == (3, GONE)
+    upstream.mode = "html503"
+    status, cache_status, _ = await call(http, gw, id_=4)
+    assert status == 502, cache_status
+
+
+async def test_an_answer_too_large_to_store_ends_the_older_entrys_stale_window(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    upstream, _, gw = await start_env(config={"cache": {"stale_if_error_ms": STALE_MS, "max_entry_bytes": 2_000}})
+    assert "stored" in (await call(http, gw))[1]
+    upstream.mode = "big"
+    fake_clock.advance(TTL_MS / 1000 + 1)
+    status, cache_status, _ = await call(http, gw)
+    assert status == 200 and "detail=too-large" in cache_status
+    upstream.mode = "html503"
+    status, cache_status, _ = await call(http, gw)
+    assert status == 502, cache_status
+
+
+async def test_an_answer_refused_because_a_purge_crossed_it_ends_the_older_entrys_stale_window(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    upstream, _, gw = await start_env()
+    await call(http, gw)
+    fake_clock.advance(TTL_MS / 1000 + 1)  # expired, kept
+    upstream.delay_s = 0.2
+    in_flight = asyncio.create_task(call(http, gw, id_="crossed"))
+    for _ in range(400):
+        if upstream.count("tools/list") == 2:
+            break
+        await asyncio.sleep(0.005)
+    # A purge of the upstream's prompts: it may be what the answer on its way is about (so the
+    # answer is not stored), and it leaves the tools/list entry where it was.
+    gw.app[REGISTRY].invalidate(invalidation("up", "notifications/prompts/list_changed", {}), "notification")
+    status, cache_status, _ = await in_flight
+    assert status == 200 and "detail=refused" in cache_status
+    upstream.mode, upstream.delay_s = "html503", 0.0
+    status, cache_status, _ = await call(http, gw)
+    assert status == 502, f"the entry older than the refused answer came back: {cache_status}"
+
+
+async def test_a_refresh_answered_gone_ends_the_entrys_stale_window(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    upstream, _, gw = await start_env(refresh_ahead=True)
+    await call(http, gw)
+    upstream.mode = "gone"
+    fake_clock.advance(9.5)
+    assert "hit; ttl=0" in (await call(http, gw))[1]  # starts the refresh, answered "gone"
+    await refreshes_done(gw)
+    upstream.mode = "html503"
+    fake_clock.advance(0.6)  # expired, well inside the window it would have had
+    status, cache_status, body = await call(http, gw, id_=7)
+    assert (status, body["id"]) == (502, 7), cache_status
+    assert upstream.count("tools/list") == 3  # the store, the refresh, this miss
 
 
 async def test_without_stale_if_error_an_expired_entry_is_never_served(
@@ -372,7 +479,8 @@ async def test_hot_and_plain_paths_answer_alike_through_stale_answers_and_refres
 
 
 #: What the script above makes happen, step by step (the refreshes at steps 2 and 4 are seen in
-#: the later steps: a fresh entry at 5, a backoff at 5 and a stale answer at 8).
+#: the later steps: a fresh entry at 5 and a backoff at 5; the JSON-RPC error at 7 ends the
+#: stale window that would have answered 8).
 EXPECTED_STATUSES: Final = [
     "mcp-gateway; fwd=miss; fwd-status=200; stored; ttl=10",
     "mcp-gateway; hit; ttl=5",
@@ -381,8 +489,8 @@ EXPECTED_STATUSES: Final = [
     "mcp-gateway; hit; ttl=0",  # the refresh fails (503): the entry stays, the key backs off
     "mcp-gateway; hit; ttl=0",
     "mcp-gateway; hit; ttl=-1",  # cursor a expired, the upstream down: stale
-    "mcp-gateway; fwd=miss; fwd-status=500; detail=status",  # a JSON-RPC error: relayed
-    "mcp-gateway; hit; ttl=-5",  # HTTP 200 that is no JSON-RPC answer: stale
+    "mcp-gateway; fwd=miss; fwd-status=500; detail=status",  # a JSON-RPC error: relayed, ends the stale window
+    "mcp-gateway; fwd=miss; fwd-status=200; detail=upstream-error",  # no JSON-RPC answer, and nothing stale left
     "mcp-gateway; fwd=miss; fwd-status=200; stored; ttl=10",
     "mcp-gateway; fwd=miss; fwd-status=503; detail=upstream-error",  # past the stale window
     "mcp-gateway; fwd=miss; fwd-status=200; detail=private",
