@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import select
 import socket
 import struct
@@ -22,10 +23,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
 from gateway.app import PROXY
 
-from ..support import StartGateway, mcp_headers, rpc
+from ..support import FakeUpstream, StartGateway, StartUpstream, mcp_headers, rpc, sse_frame
 from ..support.fleet import HOST, Upstream, run_server
 from ..support.replicas import Replicas
 
@@ -286,3 +288,177 @@ async def test_a_caller_that_goes_away_during_a_large_answer_is_a_499_not_a_gate
     await poll(lambda: gw.registry.get_sample_value(*sample) == 3, limit_s=10, what="three 499s recorded")
     assert gw.registry.get_sample_value(*sample[:1], {**sample[1], "status": "500"}) is None
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+# -- (7) a leader that never reads its event-stream answer -------------------------------------
+
+SSE_ANSWER_BYTES = 9 * 2**20
+FOLLOWERS = 5
+FOLLOWERS_BOUND_S = 5.0
+
+
+def big_sse_upstream(up: FakeUpstream, halfway: asyncio.Event | None = None) -> list[bytes]:
+    """``tools/list`` on ``up`` answers a public ~9 MiB list as one SSE event after a progress
+    notification, written in 64 KiB pieces (waiting for ``halfway``, when given, in the middle
+    of it); returns the list of the streams it sent."""
+    sent: list[bytes] = []
+
+    async def stream(request: web.Request, msg: Any) -> web.StreamResponse:
+        tools = [{"name": f"t{i}", "description": "x" * 1000, "inputSchema": {"type": "object"}} for i in range(9200)]
+        result = {"tools": tools, "resultType": "complete", "cacheScope": "public", "ttlMs": 60_000}
+        note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+        body = sse_frame(note) + sse_frame({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+        sent.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for start in range(0, len(body), 64 * 1024):
+            if halfway is not None and start >= len(body) // 2:
+                await halfway.wait()
+            await resp.write(body[start : start + 64 * 1024])
+        await resp.write_eof()
+        return resp
+
+    up.handlers["tools/list"] = stream
+    return sent
+
+
+def unchunk(raw: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response (``raw`` from its first chunk on)."""
+    out = bytearray()
+    at = 0
+    while True:
+        end = raw.index(b"\r\n", at)
+        size = int(raw[at:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += raw[end + 2 : end + 2 + size]
+        at = end + 2 + size + 2
+
+
+async def answered_followers(http: aiohttp.ClientSession, url: str) -> list[tuple[int, str, bytes]]:
+    """``(status, Cache-Status, body)`` of :data:`FOLLOWERS` callers of the leader's request,
+    all read whole within :data:`FOLLOWERS_BOUND_S`."""
+
+    async def one(i: int) -> tuple[int, str, bytes]:
+        async with http.post(url, json=rpc("tools/list", f"f{i}"), headers=mcp_headers("tools/list")) as r:
+            return r.status, r.headers["Cache-Status"], await r.read()
+
+    async with asyncio.timeout(FOLLOWERS_BOUND_S):
+        return await asyncio.gather(*(one(i) for i in range(FOLLOWERS)))
+
+
+def check_followers(answers: list[tuple[int, str, bytes]], up: FakeUpstream) -> None:
+    """Every follower answered from the leader's answer: the upstream was asked once."""
+    assert up.count("tools/list") == 1, [cache_status for _, cache_status, _ in answers]
+    for i, (status, cache_status, body) in enumerate(answers):
+        assert status == 200 and "hit" in cache_status, (status, cache_status)
+        answer = json.loads(body)
+        assert answer["id"] == f"f{i}" and len(answer["result"]["tools"]) == 9200
+
+
+async def test_followers_are_answered_while_their_leader_does_not_read_its_event_stream(
+    start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    up = await start_upstream()
+    sent = big_sse_upstream(up)
+    gw = await start_gateway({"upstreams": {"up": {"url": up.url}}, "cache": {"max_entry_bytes": 2 * SSE_ANSWER_BYTES}})
+    port = gw.server.port
+    assert port is not None
+    leader = non_reader(port, request_bytes(port, "/servers/up/mcp", rpc("tools/list", "leader")))
+    try:
+        await poll(lambda: up.count("tools/list") == 1, limit_s=10, what="the leader's request upstream")
+        check_followers(await answered_followers(http, gw.url("up")), up)
+        # The leader still gets every byte of its stream, in order, once it reads.
+        leader.setblocking(False)
+        raw = bytearray()
+        async with asyncio.timeout(30):
+            while not raw.endswith(b"\r\n0\r\n\r\n"):
+                chunk = await asyncio.get_running_loop().sock_recv(leader, 1 << 20)
+                assert chunk, "the leader's stream was cut"
+                raw += chunk
+    finally:
+        leader.close()
+    head, _, body = bytes(raw).partition(b"\r\n\r\n")
+    assert b"text/event-stream" in head
+    assert unchunk(body) == sent[0]
+
+
+async def test_followers_are_answered_when_their_leader_goes_away_during_its_event_stream(
+    start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    up = await start_upstream()
+    halfway = asyncio.Event()
+    big_sse_upstream(up, halfway)
+    gw = await start_gateway({"upstreams": {"up": {"url": up.url}}, "cache": {"max_entry_bytes": 2 * SSE_ANSWER_BYTES}})
+    port = gw.server.port
+    assert port is not None
+    leader = non_reader(port, request_bytes(port, "/servers/up/mcp", rpc("tools/list", "leader")))
+    await poll(lambda: readable(leader), limit_s=10, what="the leader's stream started")
+    followers = asyncio.ensure_future(answered_followers(http, gw.url("up")))
+    hang_up(leader)  # halfway through the upstream's answer
+    halfway.set()
+    check_followers(await followers, up)  # from the leader's answer, read on after it went away
+    sample = ("mcp_gateway_requests_total", {"upstream": "up", "method": "tools/list", "status": "499"})
+    await poll(lambda: gw.registry.get_sample_value(*sample) == 1, limit_s=10, what="the leader recorded as 499")
+
+
+# -- (8) a caller that hangs up right after the last event -------------------------------------
+
+HANG_UP_TRIES = 20
+
+
+async def call_and_hang_up(port: int, path: str, name: str, request_id: int) -> None:
+    """Call ``slow_progress`` (an SSE answer: progress, then the result), read up to the end of
+    the final event, and close the connection at once."""
+    params = {"name": name, "arguments": {"steps": 2, "delay_ms": 1}}
+    msg = rpc("tools/call", request_id, meta={"progressToken": f"p{request_id}"}, **params)
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(request_bytes(port, path, msg, name))
+        raw = b""
+        async with asyncio.timeout(10):
+            while (at := raw.find(b'"result"')) < 0 or not re.search(rb"\r?\n\r?\n", raw[at:]):
+                chunk = await reader.read(65536)
+                assert chunk, raw
+                raw += chunk
+        assert raw.startswith(b"HTTP/1.1 200") and b"text/event-stream" in raw, raw
+    finally:
+        writer.close()
+
+
+async def test_a_caller_that_hangs_up_right_after_the_last_event_is_a_499_never_a_gateway_error(
+    public_up: Upstream, gateway_processes: list[Replicas], tmp_path: Path
+) -> None:
+    config = {"upstreams": {"pub": {"url": public_up.url}}, "aggregate": {}, "registry": {"enabled": False}}
+    gw = Replicas(config, 1, tmp_path / "gw")
+    gateway_processes.append(gw)
+    await gw.start_all()
+    port = gw[0].port
+    routes = {"pub": ("/servers/pub/mcp", "slow_progress"), "/mcp": ("/mcp", "pub__slow_progress")}
+    for path, name in routes.values():
+        for i in range(HANG_UP_TRIES):
+            await call_and_hang_up(port, path, name, i + 1)
+
+    async def by_status(upstream: str) -> dict[str, float]:
+        samples = await gw.metrics(0)
+        return {
+            dict(labels)["status"]: value
+            for (sample, labels), value in samples.items()
+            if sample == "mcp_gateway_requests_total"
+            and ("upstream", upstream) in labels
+            and ("method", "tools/call") in labels
+        }
+
+    for upstream in routes:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while sum((statuses := await by_status(upstream)).values()) < HANG_UP_TRIES:
+            assert loop.time() < deadline, (upstream, statuses, gw.logs())
+            await asyncio.sleep(0.05)
+        assert set(statuses) <= {"200", "499"}, (upstream, statuses, gw.logs())
+    log = gw.log(0)
+    assert " ERROR " not in log, gw.logs()
+    # Some hung up before the stream's end was written (about one in five here).
+    hung_up = [(await by_status(upstream)).get("499", 0) for upstream in routes]
+    assert sum(hung_up) >= 1, hung_up
+    assert log.count("status=499") == sum(hung_up)  # the access log says so too
