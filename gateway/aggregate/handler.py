@@ -111,7 +111,10 @@ class Aggregate:
             proxy.check_auth(request, parsed.request_id)
             response = await self.answer(ex, parsed)
             if ex.large:
-                await proxy.send(ex, response)
+                response = await proxy.send(ex, response)
+        except asyncio.CancelledError:
+            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            raise
         except Exception as exc:
             response = proxy.failed(ex, exc)
         finally:

@@ -119,6 +119,17 @@ class CacheEntry:
             ttl_ms = 0
         return b"".join((_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail)), ttl_ms
 
+    def hit_pieces(self, id_json: bytes, now: float) -> tuple[tuple[bytes | memoryview, ...], int]:
+        """:meth:`hit`, not joined: the pieces of the response (``head`` and ``tail`` the entry's
+        own views, shared by every caller sent them) and its ``ttlMs``; for large entries."""
+        ttl_ms = max(0, math.floor((self.expires_at - now) * 1000))
+        return (_RESPONSE_START, id_json, self.head, b"%d" % ttl_ms, self.tail), ttl_ms
+
+    def stale_pieces(self, id_json: bytes, now: float) -> tuple[tuple[bytes | memoryview, ...], int]:
+        """:meth:`stale`, not joined (as :meth:`hit_pieces`)."""
+        past = max(1, math.ceil(now - self.expires_at))
+        return (_RESPONSE_START, id_json, self.head, b"0", self.tail), past
+
     def stale(self, id_json: bytes, now: float) -> tuple[bytes, int]:
         """The response for a stale answer (stale-if-error) at ``now``, past ``expires_at``: ``ttlMs``
         0, and the whole seconds it is past its expiry, rounded up (at least 1: RFC 9211 reads a

@@ -40,6 +40,7 @@ DEFAULT_MAX_INFLIGHT: Final = 256
 DEFAULT_MAX_LISTEN_STREAMS: Final = 1024
 DEFAULT_BODY_TIMEOUT_S: Final = 10.0
 DEFAULT_WRITE_TIMEOUT_S: Final = 30.0
+DEFAULT_MAX_QUEUED_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_PROBE_MIN_INTERVAL_S: Final = 10.0
 DEFAULT_PROBE_MAX_INTERVAL_S: Final = 300.0
 DEFAULT_PROBE_TIMEOUT_S: Final = 10.0
@@ -77,8 +78,15 @@ class ListenerConfig(_Model):
     write_timeout_s: float = Field(
         DEFAULT_WRITE_TIMEOUT_S,
         gt=0,
-        description="A caller that reads nothing of a streamed answer for this long, or has not read a large "
-        "(over 64 KiB) answer whole in this time, is disconnected, in seconds.",
+        description="A caller whose connection accepts no bytes of an answer for this long is disconnected, "
+        "in seconds (a caller that keeps reading, however slowly, is not).",
+    )
+    max_queued_bytes: int = Field(
+        DEFAULT_MAX_QUEUED_BYTES,
+        ge=64 * 1024,
+        description="Most bytes of answers handed to callers' connections and not yet taken by them, all "
+        "connections of a process together (at most 64 KiB each, beyond what the connection itself "
+        "buffers), in bytes; a writer that finds no room waits for it, at most write_timeout_s.",
     )
 
 

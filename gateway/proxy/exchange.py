@@ -27,7 +27,9 @@ __all__ = ["CACHE_NAME", "LARGE_BODY_BYTES", "Exchange", "hit_status", "stale_st
 
 CACHE_NAME: Final = "mcp-gateway"
 #: A body over this many bytes may not fit what the connection buffers before writing waits
-#: for the caller to read (aiohttp's writer limit): it is written under the write deadline.
+#: for the caller to read (aiohttp's writer limit): it is written in chunks under the write
+#: deadline and the queue budget (:mod:`gateway.proxy.writing`); a cache hit this large is
+#: answered from the entry's own bytes, not a copy.
 LARGE_BODY_BYTES: Final = 64 * 1024
 
 
@@ -59,10 +61,11 @@ class Exchange:
     ``miss``, ``coalesced``, ``stale``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
     error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
     ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
-    answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected``,
+    answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected`` (the
+    caller went away or was dropped before its answer was written whole: recorded as 499),
     ``leads`` (this request leads the coalesced misses on its key), ``flight`` (it leads them
     for the whole cluster too) and ``large`` (the answer's body is large enough to be written
-    under the write deadline).
+    by ``Proxy.send``, in chunks under the write deadline).
 
     The defaults are class attributes: one exchange is built per request, and a hit sets few.
     """

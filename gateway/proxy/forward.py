@@ -39,12 +39,13 @@ from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
 from ..protocol import H_NAME, encode_header_value, response_id_matches
-from ..sse import SSEParser
 from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange
-from .fetch import fetch_answer, final_response
+from .fetch import fetch_answer
+from .stream import relay_stream
+from .writing import CallerWriter, QueueBudget
 
 __all__ = ["Forwarder", "error_code"]
 
@@ -92,11 +93,18 @@ class Forwarder:
         self.max_entry_bytes = config.cache.max_entry_bytes
         self.max_ttl_ms = config.cache.max_ttl_ms
         self.write_timeout_s = config.listener.write_timeout_s
+        #: Every answer too large to be handed over at once, and every SSE chunk, goes through it.
+        self.writer = CallerWriter(
+            self.write_timeout_s,
+            QueueBudget(config.listener.max_queued_bytes),
+            lambda reason: metrics.callers_dropped.labels(reason).inc(),
+        )
         #: With gateway auth, a caller's Authorization holds the gateway's token: never forwarded.
         self.allow_authorization = config.auth is None
         self.on_success: Callable[[str, str], None] | None = None
         self._streams: set[aiohttp.ClientResponse] = set()
-        self._closing = False
+        #: Set by :meth:`close_streams`: the relayed streams end because the gateway stops.
+        self.closing = False
         #: Per upstream: (stale_if_error_ms, refresh_ahead), what its entries are built with.
         self.entry_options = {
             name: (config.stale_if_error_ms(name), config.refresh_ahead(name)) for name in config.upstreams
@@ -158,7 +166,7 @@ class Forwarder:
                 if resp.content_type == "text/event-stream":
                     self._streams.add(resp)
                     try:
-                        return await self._relay_stream(ex, upstream, resp)
+                        return await relay_stream(self, ex, upstream, resp)
                     finally:
                         self._streams.discard(resp)
                 deadline = asyncio.get_running_loop().time() + upstream.config.timeout_s
@@ -193,7 +201,7 @@ class Forwarder:
         waiting for its response gets a JSON-RPC error event (-32603) and a clean end of stream
         instead of waiting out the shutdown timeout (a legacy ``GET`` stream just ends); a listen
         stream's client then re-subscribes elsewhere. Background refreshes are cancelled."""
-        self._closing = True
+        self.closing = True
         for resp in list(self._streams):
             resp.close()
         await self.refreshes.close()
@@ -301,103 +309,13 @@ class Forwarder:
                         f"upstream {upstream.name} answered HTTP {status} without a JSON-RPC response to this request"
                     )
                 message = None  # a 4xx without one is relayed as it came
-        self._answered(ex, upstream, status, message if checked else None)
+        self.answered(ex, upstream, status, message if checked else None)
         if ex.key is not None:
-            self._maybe_store(ex, upstream, status, message, len(data))
+            self.maybe_store(ex, upstream, status, message, len(data))
         ex.large = len(data) > LARGE_BODY_BYTES
-        return web.Response(body=data, status=status, headers=self._passthrough_headers(ex, resp))
+        return web.Response(body=data, status=status, headers=self.passthrough_headers(ex, resp))
 
-    async def _relay_stream(self, ex: Exchange, upstream: Upstream, resp: aiohttp.ClientResponse) -> web.StreamResponse:
-        """Relay an SSE answer chunk by chunk, never buffered. For a cacheable request the final
-        JSON-RPC response in it is stored. If the upstream stream ends without a response to the
-        request, a JSON-RPC error event ends it."""
-        headers = self._passthrough_headers(ex, resp)  # sent before the stream ends: never "stored"
-        headers["X-Accel-Buffering"] = "no"  # MCP 2026-07-28, streamable-http, 'Receiving Messages'
-        headers["Cache-Control"] = "no-cache"
-        out = web.StreamResponse(status=resp.status, headers=headers)
-        await out.prepare(ex.request)
-        parsed = ex.parsed
-        request_id = parsed.request_id if parsed is not None and parsed.kind == "request" else None
-        parser = SSEParser(upstream.config.max_response_bytes) if request_id is not None else None
-        final: dict[str, object] | None = None
-        final_size = 0
-        try:
-            async for chunk in upstream.iter_stream(resp):
-                if parser is not None and final is None:
-                    final, final_size = final_response(parser.feed(chunk), request_id)
-                    if final is not None:
-                        # Stored, and the coalesced followers answered, before this caller has
-                        # read it: a caller that stops reading holds back no one else.
-                        self._answered(ex, upstream, resp.status, final)
-                        if ex.key is not None:
-                            self._maybe_store(ex, upstream, resp.status, final, final_size)
-                await self._send(ex, out, chunk)
-                if parser is not None and final is None and parser.overflowed:
-                    # An event too large to read: an answer after it could not be seen, and
-                    # relaying it after the error below would give the caller two answers.
-                    break
-            if parser is not None and final is None and not parser.overflowed:
-                # A last line ended by a lone \r, held back in case \n followed, ends with the stream.
-                final, final_size = final_response(parser.finish(), request_id)
-                if final is not None:
-                    self._answered(ex, upstream, resp.status, final)
-                    if ex.key is not None:
-                        self._maybe_store(ex, upstream, resp.status, final, final_size)
-            if parser is not None and final is None:
-                await self._end_unanswered(ex, upstream, out, parser, request_id)
-        except ConnectionResetError:
-            # The caller went away or stopped reading: closing our side of the upstream request
-            # (on return) tells the upstream (cancellation by disconnect: MCP 2026-07-28,
-            # basic/transports/streamable-http, 'Cancellation').
-            ex.disconnected = True
-            return out
-        if ex.key is not None and final is None:
-            self.metrics.cache_stores.labels(upstream.name, ex.method, "stream_broken").inc()
-        await out.write_eof()
-        return out
-
-    async def _end_unanswered(
-        self, ex: Exchange, upstream: Upstream, out: web.StreamResponse, parser: SSEParser, request_id: object
-    ) -> None:
-        """The stream ended, or was cut, without the answer: end it with a JSON-RPC error."""
-        if not parser.overflowed:
-            # End whatever event the upstream left unfinished, as the caller's parser will see
-            # it, so that an error event after it is read on its own. Should that complete the
-            # answer after all, the caller has it (not stored: the stream was cut).
-            await self._send(ex, out, b"\n\n")
-            if final_response(parser.feed(b"\n\n"), request_id)[0] is not None:
-                return
-        else:
-            # The oversized event went out in part: end it with a data line that no JSON can
-            # end with, so that the caller cannot take it for the answer.
-            await self._send(ex, out, b"\ndata: }\n\n")
-        ex.error_code = BadGateway.code
-        if parser.overflowed:
-            reason = f"sent an event over max_response_bytes ({upstream.config.max_response_bytes})"
-        elif self._closing:
-            reason = "the gateway is shutting down"
-        else:
-            reason = "ended the stream before answering"
-        error = BadGateway(f"upstream {upstream.name}: {reason}", request_id=request_id)
-        await self._send(ex, out, b"event: message\ndata: " + error.body() + b"\n\n")
-
-    async def _send(self, ex: Exchange, out: web.StreamResponse, data: bytes) -> None:
-        """Write ``data`` to the caller within ``listener.write_timeout_s``.
-
-        Raises:
-            ConnectionResetError: the caller went away, or stopped reading (its connection is
-                then dropped, and with it what was waiting to be sent).
-        """
-        try:
-            async with asyncio.timeout(self.write_timeout_s):
-                await out.write(data)
-        except TimeoutError:
-            transport = ex.request.transport
-            if transport is not None:
-                transport.abort()
-            raise ConnectionResetError(f"the caller read nothing for {self.write_timeout_s:g} s") from None
-
-    def _passthrough_headers(self, ex: Exchange, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    def passthrough_headers(self, ex: Exchange, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
         out: CIMultiDict[str] = CIMultiDict()
         for name in RESPONSE_HEADERS:
             for value in resp.headers.getall(name, ()):
@@ -407,7 +325,7 @@ class Forwarder:
 
     # -- what the answer was -----------------------------------------------------------------
 
-    def _answered(self, ex: Exchange, upstream: Upstream, status: int, message: object) -> None:
+    def answered(self, ex: Exchange, upstream: Upstream, status: int, message: object) -> None:
         """Note a JSON-RPC error code, or a success in real traffic (``on_success``)."""
         if isinstance(message, dict) and isinstance(message.get("error"), dict):
             ex.error_code = error_code(message)
@@ -416,7 +334,7 @@ class Forwarder:
             if self.on_success is not None and parsed is not None and parsed.era == "modern" and parsed.version:
                 self.on_success(upstream.name, parsed.version)
 
-    def _maybe_store(self, ex: Exchange, upstream: Upstream, status: int, message: object, size: int) -> None:
+    def maybe_store(self, ex: Exchange, upstream: Upstream, status: int, message: object, size: int) -> None:
         """Store a cacheable answer of ``size`` bytes if the cache policy allows it."""
         assert ex.key is not None and ex.purges is not None  # set by forward() before sending
         result, entry = self.keep(upstream, ex.key, ex.method, status, message, size, ex.purges, ex.flight)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
+from multidict import CIMultiDict
 
 from ..auth import bearer_matches
 from ..cache import CacheEntry, CacheKey, CacheStore, Clock, Coalescer, Failed, Stale, make_key
@@ -46,10 +47,18 @@ from ..upstream import Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange, hit_status, stale_status
 from .forward import Forwarder
 from .origin import OriginPolicy
+from .writing import CallerGone, PiecesResponse
 
 __all__ = ["Proxy"]
 
 access_log = logging.getLogger(ACCESS_LOGGER)
+log = logging.getLogger("mcp_gateway.proxy")
+
+
+def caller_gone(request: web.Request) -> bool:
+    """Whether the caller's connection is closed or closing."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def sockname(request: web.Request) -> object:
@@ -124,7 +133,10 @@ class Proxy:
             ex.body = await self.read_body(request)
             response = await self.answer(ex, self.parse(ex, ex.body))
             if ex.large:
-                await self.send(ex, response)
+                response = await self.send(ex, response)
+        except asyncio.CancelledError:
+            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            raise
         except Exception as exc:
             response = self.failed(ex, exc)
         finally:
@@ -144,6 +156,9 @@ class Proxy:
             ex.upstream = self.find_upstream(ex.upstream_name, None)
             ex.detail = "legacy"
             response = await self.forwarder.forward(ex, "bypass")
+        except asyncio.CancelledError:
+            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            raise
         except Exception as exc:
             response = self.failed(ex, exc)
         finally:
@@ -315,7 +330,7 @@ class Proxy:
                 raise
             return self.stale(ex, entry, collapsed=False)
 
-    def stale(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.Response:
+    def stale(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool) -> web.StreamResponse:
         """Answer from the expired ``entry`` (stale-if-error): the caller's id, ``ttlMs`` 0 and
         ``Cache-Status: mcp-gateway; hit; ttl=-S``, S the whole seconds past expiry. A request
         that leads its key hands the entry to its followers (:class:`~gateway.cache.Stale`)."""
@@ -323,12 +338,16 @@ class Proxy:
             self.coalescer.release(ex.key, Stale(entry))
             ex.leads = False
         ex.cache = ex.lookup = "stale"
+        if entry.size > LARGE_BODY_BYTES:
+            pieces, past_s = entry.stale_pieces(id_json(ex.request_id), self.clock())
+            ex.hit = stale_status(past_s, collapsed)
+            return self.large_answer(ex, pieces)
         body, past_s = entry.stale(id_json(ex.request_id), self.clock())
         ex.hit = stale_status(past_s, collapsed)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
 
-    async def shared(self, ex: Exchange, key: CacheKey) -> web.Response | None:
+    async def shared(self, ex: Exchange, key: CacheKey) -> web.StreamResponse | None:
         """The shared tier after a local miss (this request leads the key in this process): a
         hit from Redis, copied into the local tier, or ``None`` with ``ex.flight`` set when this
         process leads the key for the whole cluster (see :mod:`gateway.cluster.node`). An expired
@@ -346,35 +365,42 @@ class Proxy:
         ex.leads = False
         return self.hit(ex, found.entry, collapsed=found.collapsed, shared=True)
 
-    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.Response:
+    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.StreamResponse:
         """Answer from ``entry``: the caller's id, ``ttlMs`` lowered to what is left. A hit in
         the last part of the entry's lifetime (refresh-ahead: ``entry.refresh_at``) starts its
-        background refresh (:meth:`Forwarder.refresh`)."""
+        background refresh (:meth:`Forwarder.refresh`). A large entry (over
+        :data:`LARGE_BODY_BYTES`) answers with its stored bytes, not a copy (:meth:`large_answer`)."""
         ex.cache = "hit"
         ex.lookup = "coalesced" if collapsed else "shared" if shared else "hit"
         now = self.clock()
-        body, ttl_ms = entry.hit(id_json(ex.request_id), now)
         if now >= entry.refresh_at and ex.key is not None:
             self.forwarder.refresh(ex, ex.key)
+        if entry.size > LARGE_BODY_BYTES:
+            pieces, ttl_ms = entry.hit_pieces(id_json(ex.request_id), now)
+            ex.hit = hit_status(ttl_ms, collapsed, shared)
+            return self.large_answer(ex, pieces)
+        body, ttl_ms = entry.hit(id_json(ex.request_id), now)
         ex.hit = hit_status(ttl_ms, collapsed, shared)
-        ex.large = len(body) > LARGE_BODY_BYTES
+        ex.large = len(body) > LARGE_BODY_BYTES  # a small entry, a long id
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
 
-    async def send(self, ex: Exchange, response: web.StreamResponse) -> None:
-        """Write a large answer now, within ``listener.write_timeout_s``: a caller that stops
-        reading is disconnected at the deadline, and what was waiting to be sent to it is freed
-        (aiohttp then finds the answer written, or the connection gone)."""
-        request = ex.request
+    @staticmethod
+    def large_answer(ex: Exchange, pieces: tuple[bytes | memoryview, ...]) -> PiecesResponse:
+        """The JSON answer made of ``pieces`` (``ex.hit`` its ``Cache-Status``), to be written
+        by :meth:`send`."""
+        ex.large = True
+        assert ex.hit is not None
+        return PiecesResponse(pieces, headers=CIMultiDict({"Content-Type": "application/json", "Cache-Status": ex.hit}))
+
+    async def send(self, ex: Exchange, response: web.StreamResponse) -> web.StreamResponse:
+        """Write a large answer now, in chunks under the write deadline and the queue budget
+        (:class:`~gateway.proxy.writing.CallerWriter`); returns what the handler returns. A
+        caller that goes away or is dropped meanwhile sets ``ex.disconnected``."""
         try:
-            async with asyncio.timeout(self.forwarder.write_timeout_s):
-                await response.prepare(request)
-                await response.write_eof()  # hands the body to the transport, all of it
-                await request.writer.drain()  # until what the transport holds is small again
-        except TimeoutError:
+            return await self.forwarder.writer.send(ex.request, response)
+        except CallerGone:
             ex.disconnected = True
-            transport = request.transport
-            if transport is not None:
-                transport.abort()
+            return response
 
     # -- answers and bookkeeping --------------------------------------------------------------
 
@@ -386,6 +412,11 @@ class Proxy:
             return self.error(ex, exc)
         if isinstance(exc, web.HTTPException):
             raise exc
+        if isinstance(exc, ConnectionResetError) and caller_gone(ex.request):
+            # Writing to a caller that went away: its doing, not a failure of the gateway.
+            ex.disconnected = True
+            log.debug("caller went away on %s %s: %s", ex.request.method, ex.request.path, exc)
+            return web.Response(status=499)
         return self.internal_error(ex)
 
     def error(self, ex: Exchange, err: GatewayError) -> web.Response:
@@ -415,7 +446,7 @@ class Proxy:
                 label or (ex.upstream_name if ex.upstream_name in self.upstreams else "unknown"),
                 ex.method,
                 ex.request.method,
-                response.status if response is not None else 499,  # the caller went away first
+                499 if response is None or ex.disconnected else response.status,  # 499: the caller went away
                 ex.error_code,
                 ex.cache,
                 ex.cache_status(),

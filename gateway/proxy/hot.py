@@ -19,6 +19,7 @@ What each buys, on a cached ``tools/list``:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Final
 
@@ -122,7 +123,10 @@ class HotProxy(Proxy):
                 else:
                     response = await self.miss(ex, key)
             if ex.large:  # Proxy.handle_post
-                await self.send(ex, response)
+                response = await self.send(ex, response)
+        except asyncio.CancelledError:
+            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            raise
         except Exception as exc:
             response = self.failed(ex, exc)
         finally:
@@ -130,9 +134,10 @@ class HotProxy(Proxy):
         return response
         # ✂
 
-    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.Response:
-        # ✂ fast version of Proxy.hit: the same bytes, in a LeanResponse with copied headers.
-        if not LEAN_RESPONSES:
+    def hit(self, ex: Exchange, entry: CacheEntry, *, collapsed: bool, shared: bool = False) -> web.StreamResponse:
+        # ✂ fast version of Proxy.hit: the same bytes, in a LeanResponse with copied headers; a
+        # large entry (Proxy.large_answer) goes on through the plain method.
+        if not LEAN_RESPONSES or entry.size > LARGE_BODY_BYTES:
             return super().hit(ex, entry, collapsed=collapsed, shared=shared)
         ex.cache = "hit"
         ex.lookup = "coalesced" if collapsed else "shared" if shared else "hit"

@@ -306,6 +306,15 @@ class GatewayMetrics:
             registry=own,
             multiprocess_mode="mostrecent",
         )
+        self.callers_dropped = Counter(
+            "listener_callers_dropped",
+            "Callers whose connection the gateway dropped while writing an answer, by reason: "
+            "write_timeout (it took no bytes for listener.write_timeout_s) or queue_full (no room under "
+            "listener.max_queued_bytes within that time).",
+            ["reason"],
+            namespace=ns,
+            registry=own,
+        )
         # Read from each Upstream's count (create_app binds them: track_inflight).
         self.inflight = Gauge(
             "inflight_requests",

@@ -1,0 +1,229 @@
+"""Writing answers to callers that read slowly, or not at all.
+
+Three bounds, so that such a caller pins little memory and holds back no one:
+
+* a write deadline that is about progress: a caller whose connection accepts no bytes for
+  ``listener.write_timeout_s`` is dropped (its connection aborted, and what was queued for it
+  freed), however long a caller that keeps reading takes;
+* bounded chunks (:data:`CHUNK_BYTES`), each handed to the transport only once it has taken the
+  previous one (its drain), so that a connection holds at most about one chunk beyond the
+  transport's high-water mark. asyncio's selector transport copies what it cannot send at once
+  into a buffer of its own, so a large answer written in one go would be copied whole, per
+  caller; the chunks are views of the stored bytes, shared by every connection sending them;
+* :class:`QueueBudget`: the chunks handed to all connections and not yet taken by them, at most
+  ``listener.max_queued_bytes`` together; a writer that cannot get room waits, within its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Final
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+__all__ = ["CHUNK_BYTES", "CallerGone", "CallerWriter", "Piece", "PiecesResponse", "QueueBudget"]
+
+#: A piece of an answer: ready bytes, or a view of stored ones.
+Piece = bytes | bytearray | memoryview
+
+#: The most bytes handed to a caller's transport at once (a view of the stored answer).
+CHUNK_BYTES: Final = 64 * 1024
+#: How often, as a fraction of the write deadline, a blocked write checks the caller's progress.
+_CHECKS_PER_DEADLINE: Final = 4
+
+
+class CallerGone(ConnectionResetError):
+    """The caller went away, or was dropped for taking no bytes for ``write_timeout_s``
+    (``reason``: ``write_timeout``, ``queue_full``, or ``None`` when it went away itself)."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class QueueBudget:
+    """Bytes queued for callers and not yet taken by them, across every connection of this
+    process: at most ``limit`` (bytes). Waiters are served in their order of arrival."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.queued = 0
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def acquire(self, size: int) -> None:
+        """Take ``size`` bytes of room (at most ``limit``), waiting until there is some.
+        Unbounded in time: the caller bounds it."""
+        size = min(size, self.limit)
+        if not self._waiters and self.queued + size <= self.limit:
+            self.queued += size
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (size, waiter)
+        self._waiters.append(entry)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release(size)  # granted just as it was given up
+            else:
+                self._waiters.remove(entry)
+                self._wake()  # a smaller waiter behind it may fit now
+            raise
+
+    def release(self, size: int) -> None:
+        """Give back ``size`` bytes taken with :meth:`acquire` (the same ``size``)."""
+        self.queued -= min(size, self.limit)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.queued + self._waiters[0][0] <= self.limit:
+            size, waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.queued += size
+                waiter.set_result(None)
+
+
+class PiecesResponse(web.StreamResponse):
+    """An answer of known length made of ``pieces`` (bytes or views of stored bytes), written
+    by :meth:`CallerWriter.send` in chunks rather than joined; what aiohttp would send for
+    ``web.Response(body=b"".join(pieces), status=..., headers=...)``."""
+
+    #: Set once :meth:`CallerWriter.send` writes the pieces (else :meth:`write_eof` does).
+    pieces_written = False
+
+    def __init__(self, pieces: Iterable[Piece], *, status: int = 200, headers: CIMultiDict[str]) -> None:
+        super().__init__(status=status, headers=headers)
+        self.pieces = tuple(pieces)
+        self.content_length = sum(len(p) for p in self.pieces)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        if not self.pieces_written and self.prepared:
+            # Not sent by CallerWriter.send (a path that should have): sent now, without its bounds.
+            self.pieces_written = True
+            for piece in self.pieces:
+                await self.write(piece)
+        await super().write_eof(data)
+
+
+class CallerWriter:
+    """Writes to callers under the write deadline (``timeout_s``, seconds of no progress) and
+    the process's ``budget``; ``dropped(reason)`` counts each caller dropped (``write_timeout``,
+    ``queue_full``)."""
+
+    def __init__(self, timeout_s: float, budget: QueueBudget, dropped: Callable[[str], None] | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.budget = budget
+        self.dropped = dropped
+
+    async def send(self, request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+        """Write ``response`` whole (a :class:`PiecesResponse`, or a ``web.Response`` of ready
+        bytes, which is sent as one of pieces) and return the response aiohttp is to finish.
+
+        Raises:
+            CallerGone: the caller went away, or was dropped (see the class).
+        """
+        if not isinstance(response, PiecesResponse):
+            assert isinstance(response, web.Response)
+            body = response.body
+            assert isinstance(body, bytes | bytearray)
+            headers = CIMultiDict(response.headers)
+            headers.popall("Content-Length", None)
+            response = PiecesResponse((body,), status=response.status, headers=headers)
+        try:
+            await response.prepare(request)
+        except ConnectionResetError as exc:
+            raise CallerGone(str(exc)) from None
+        response.pieces_written = True
+        for piece in response.pieces:
+            await self.write(request, response, piece)
+        try:
+            await response.write_eof()
+        except ConnectionResetError as exc:
+            raise CallerGone(str(exc)) from None
+        return response
+
+    async def write(self, request: web.BaseRequest, out: web.StreamResponse, data: Piece) -> None:
+        """Write ``data`` to the prepared ``out`` in chunks of at most :data:`CHUNK_BYTES`, each
+        within the budget and the write deadline.
+
+        Raises:
+            CallerGone: the caller went away, or was dropped (its connection is then aborted).
+        """
+        view = memoryview(data)
+        for start in range(0, len(view), CHUNK_BYTES):
+            chunk = view[start : start + CHUNK_BYTES]
+            size = len(chunk)
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    await self.budget.acquire(size)
+            except TimeoutError:
+                self._drop(request, "queue_full")
+                raise CallerGone(f"no room to queue an answer for {self.timeout_s:g} s", "queue_full") from None
+            try:
+                await self._progressing(request, out.write(chunk))
+                await self._progressing(request, _drain(request))
+            finally:
+                self.budget.release(size)
+
+    async def _progressing(self, request: web.BaseRequest, step: Awaitable[None]) -> None:
+        """Await ``step`` (a write or a drain) for as long as the caller's transport keeps
+        taking bytes; drop the caller once it has taken none for ``timeout_s``."""
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            _close(step)
+            raise CallerGone("the caller went away")
+        # Run apart, so that a check does not cancel it: a cancelled drain leaves aiohttp's
+        # protocol a cancelled waiter, which every later drain would raise.
+        task = asyncio.ensure_future(step)
+        loop = asyncio.get_running_loop()
+        last_size = transport.get_write_buffer_size()
+        last_progress = loop.time()
+        try:
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=self.timeout_s / _CHECKS_PER_DEADLINE)
+                if done:
+                    break
+                size = transport.get_write_buffer_size()
+                now = loop.time()
+                if size < last_size:
+                    last_progress = now
+                last_size = size
+                if now - last_progress >= self.timeout_s:
+                    self._drop(request, "write_timeout")
+                    # Not awaited: the caller's handler learns of the drop before aiohttp
+                    # cancels it for the lost connection.
+                    task.cancel()
+                    raise CallerGone(f"the caller took no bytes for {self.timeout_s:g} s", "write_timeout")
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        try:
+            task.result()
+        except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError included
+            raise CallerGone(str(exc)) from None
+
+    def _drop(self, request: web.BaseRequest, reason: str) -> None:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        if self.dropped is not None:
+            self.dropped(reason)
+
+
+async def _drain(request: web.BaseRequest) -> None:
+    """Until the transport wants more (below its low-water mark again)."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the caller went away")
+    await request.writer.drain()
+    if request.transport is None:  # woken by the connection's loss, not by room
+        raise ConnectionResetError("the caller went away")
+
+
+def _close(step: Awaitable[None]) -> None:
+    close = getattr(step, "close", None)
+    if close is not None:
+        close()  # a coroutine never awaited: said so, rather than warned about
