@@ -2,10 +2,15 @@
 
 The process that holds an upstream's lease (:mod:`gateway.cluster.lease`) probes it and holds its
 listen stream; every :data:`MIRROR_S` it writes that upstream's :class:`UpstreamState` to
-``<key_prefix>:registry:<name>``, and every other process copies it from there, so that
-``/v0.1/servers``, ``/registry/versions`` and ``/readyz`` say the same on every replica.
-Versions observed in real traffic by a process that is not the holder are posted to
-``<key_prefix>:observed:<name>`` (a set the holder empties into its own state). What is read
+``<key_prefix>:registry:<name>:<identity>`` (expiring :data:`STATE_TTL_S` after the last
+write), and every other process copies it from there, so that ``/v0.1/servers``,
+``/registry/versions`` and ``/readyz`` say the same on every replica configured alike for that
+upstream (``identity``: :meth:`~gateway.cluster.mac.Keys.identity`; a replica configured
+otherwise has its own holder and state). Versions observed in real traffic by a process that
+is not the holder are posted to ``<key_prefix>:observed:<name>:<identity>`` (a set the holder
+empties into its own state every :data:`MIRROR_S`; it expires :data:`STATE_TTL_S` after the
+last post, and a process posts only versions it had not seen, at most
+:data:`~.state.MAX_VERSIONS`). What is read
 back is validated (pydantic, against :class:`UpstreamState`); a value that does not validate
 is ignored, and the last good copy kept.
 """
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
@@ -38,9 +44,13 @@ _STATE: Final = TypeAdapter(UpstreamState)
 class RegistryMirror:
     """Writes and reads the shared copies of the registry's per-upstream state."""
 
-    def __init__(self, link: RedisLink, state: RegistryState) -> None:
+    def __init__(self, link: RedisLink, state: RegistryState, identities: Mapping[str, str]) -> None:
         self.link = link
         self.state = state
+        self.identities = identities
+
+    def _key(self, kind: str, name: str) -> str:
+        return self.link.key(kind, name, self.identities[name])
 
     async def publish(self, name: str) -> None:
         """Write ``name``'s state (the holder), after taking in the versions others observed.
@@ -49,7 +59,7 @@ class RegistryMirror:
             Unavailable: Redis is down or failed.
         """
         state = self.state.upstreams[name]
-        mailbox = self.link.key("observed", name)
+        mailbox = self._key("observed", name)
 
         async def take() -> list[Any]:
             async with self.link.client.pipeline(transaction=True) as pipe:
@@ -63,7 +73,7 @@ class RegistryMirror:
                 self.state.observe(name, raw.decode("utf-8", "replace"))
         value = dumps(_STATE.dump_python(state, mode="json"))
         await self.link.run(
-            "registry", lambda: self.link.client.set(self.link.key("registry", name), value, px=int(STATE_TTL_S * 1000))
+            "registry", lambda: self.link.client.set(self._key("registry", name), value, px=int(STATE_TTL_S * 1000))
         )
 
     async def load(self, name: str) -> bool:
@@ -73,7 +83,7 @@ class RegistryMirror:
         Raises:
             Unavailable: Redis is down or failed.
         """
-        raw = await self.link.run("registry", lambda: self.link.client.get(self.link.key("registry", name)))
+        raw = await self.link.run("registry", lambda: self.link.client.get(self._key("registry", name)))
         if raw is None:
             return False
         try:
@@ -95,4 +105,12 @@ class RegistryMirror:
         Raises:
             Unavailable: Redis is down or failed.
         """
-        await self.link.run("registry", lambda: self.link.client.sadd(self.link.key("observed", name), version))
+        mailbox = self._key("observed", name)
+
+        async def post() -> None:
+            async with self.link.client.pipeline(transaction=True) as pipe:
+                pipe.sadd(mailbox, version)
+                pipe.pexpire(mailbox, int(STATE_TTL_S * 1000))
+                await pipe.execute()
+
+        await self.link.run("registry", post)

@@ -14,7 +14,8 @@ from aiohttp import web
 
 from gateway.app import CLUSTER
 from gateway.cache import CacheEntry, CacheKey, build_entry
-from gateway.cluster.entries import decode, encode, key_digest
+from gateway.cluster.entries import CORRUPT, FORGED, decode, encode, key_digest
+from gateway.cluster.mac import Keys
 from tests.fleet_registry import wait_until
 from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
 from tests.support.redis import RedisServer
@@ -58,17 +59,25 @@ def _entry(now: float, ttl_ms: int = 60_000) -> CacheEntry:
 
 KEY = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
 OTHER = CacheKey("a", "tools/list", b'{"cursor":"x"}', "2026-07-28", None)
+KEYS = Keys(None)
+IDENTITY = "00" * 12
 
 
 def test_an_entry_read_back_answers_as_the_one_stored_with_the_time_left() -> None:
     entry = _entry(100.0)
-    value, left_ms = encode(key_digest(KEY), entry, clock_now=110.0, wall_now=5_000.0)
+    value, left_ms = encode(KEYS, key_digest(KEY, IDENTITY), entry, clock_now=110.0, wall_now=5_000.0)
     assert left_ms == 50_000
     # Another process: another clock, the same wall clock 2 s later.
     read = decode(
-        value, key_digest(KEY), clock_now=7.0, wall_now=5_002.0, max_ttl_ms=3_600_000, max_entry_bytes=1 << 20
+        KEYS,
+        value,
+        key_digest(KEY, IDENTITY),
+        clock_now=7.0,
+        wall_now=5_002.0,
+        max_ttl_ms=3_600_000,
+        max_entry_bytes=1 << 20,
     )
-    assert read is not None
+    assert isinstance(read, CacheEntry)
     assert read.response(b'"x"', 7.0) == entry.response(b'"x"', 112.0)
 
 
@@ -86,21 +95,29 @@ def test_an_entry_read_back_answers_as_the_one_stored_with_the_time_left() -> No
     ],
 )
 def test_a_spoilt_value_is_a_miss(spoil: Any) -> None:
-    value, _ = encode(key_digest(KEY), _entry(100.0), clock_now=100.0, wall_now=5_000.0)
+    value, _ = encode(KEYS, key_digest(KEY, IDENTITY), _entry(100.0), clock_now=100.0, wall_now=5_000.0)
     bounds = {"clock_now": 0.0, "wall_now": 5_000.0, "max_ttl_ms": 3_600_000, "max_entry_bytes": 1 << 20}
-    assert decode(value, key_digest(KEY), **bounds) is not None
-    assert decode(spoil(value), key_digest(KEY), **bounds) is None
+    assert isinstance(decode(KEYS, value, key_digest(KEY, IDENTITY), **bounds), CacheEntry)
+    assert decode(KEYS, spoil(value), key_digest(KEY, IDENTITY), **bounds) in (FORGED, CORRUPT)
 
 
 def test_a_value_of_another_key_or_expired_or_over_the_bounds_is_a_miss() -> None:
-    value, _ = encode(key_digest(KEY), _entry(100.0, ttl_ms=10_000), clock_now=100.0, wall_now=5_000.0)
+    value, _ = encode(KEYS, key_digest(KEY, IDENTITY), _entry(100.0, ttl_ms=10_000), clock_now=100.0, wall_now=5_000.0)
     bounds = {"clock_now": 0.0, "max_entry_bytes": 1 << 20}
-    assert decode(value, key_digest(OTHER), wall_now=5_000.0, max_ttl_ms=3_600_000, **bounds) is None
-    assert decode(value, key_digest(KEY), wall_now=5_010.0, max_ttl_ms=3_600_000, **bounds) is None
-    assert decode(value, key_digest(KEY), wall_now=5_000.0, max_ttl_ms=5_000, **bounds) is None
+    assert decode(KEYS, value, key_digest(OTHER, IDENTITY), wall_now=5_000.0, max_ttl_ms=3_600_000, **bounds) == CORRUPT
+    assert decode(KEYS, value, key_digest(KEY, IDENTITY), wall_now=5_010.0, max_ttl_ms=3_600_000, **bounds) == CORRUPT
+    assert decode(KEYS, value, key_digest(KEY, IDENTITY), wall_now=5_000.0, max_ttl_ms=5_000, **bounds) == CORRUPT
     assert (
-        decode(value, key_digest(KEY), wall_now=5_000.0, max_ttl_ms=3_600_000, clock_now=0.0, max_entry_bytes=10)
-        is None
+        decode(
+            KEYS,
+            value,
+            key_digest(KEY, IDENTITY),
+            wall_now=5_000.0,
+            max_ttl_ms=3_600_000,
+            clock_now=0.0,
+            max_entry_bytes=10,
+        )
+        == CORRUPT
     )
 
 
@@ -290,9 +307,9 @@ async def test_a_purge_after_redis_was_flushed_and_a_replica_restarted_still_rea
     [
         ("DEL", "t:events"),
         ("SET", "t:events", "x"),
-        ("SET", "t:generations", "x"),
-        ("HSET", "t:generations", "a tools/list", "9223372036854775807"),
-        ("HSET", "t:generations", "a tools/list", "not a number"),
+        ("SET", "{generations}", "x"),
+        ("HSET", "{generations}", "tools/list", "9223372036854775807"),
+        ("HSET", "{generations}", "tools/list", "not a number"),
     ],
     ids=["events-deleted", "events-a-string", "generations-a-string", "generation-huge", "generation-garbage"],
 )
@@ -304,7 +321,8 @@ async def test_a_purge_gets_through_after_the_shared_state_was_written_over(
     spoil: tuple[str, ...],
 ) -> None:
     versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
-    redis_server.command(*spoil)
+    generations = a.app[CLUSTER].generations.name("a")  # the hash of upstream a as both reach it
+    redis_server.command(*(part.replace("{generations}", generations) for part in spoil))
     await asyncio.sleep(0.5)  # the feeds notice what they can
     versioned.version = 2
     await purge(http, a)
