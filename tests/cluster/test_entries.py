@@ -72,8 +72,8 @@ def private(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
     return replaced(head, tail, b'"cacheScope":"public"', b'"cacheScope":"private"')
 
 
-def an_error(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
-    return b',"error":{"code":-32603,"message":"x","data":{"ttlMs":', b"}}}"
+def not_an_object(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
+    return b',"result":[{"tools":[],"ttlMs":', b"}]}"
 
 
 def input_required(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
@@ -163,7 +163,9 @@ async def test_a_forged_entry_with_a_recomputed_unkeyed_checksum_is_a_miss_count
 
 
 @pytest.mark.parametrize(
-    "spoil", [not_json, private, an_error, input_required], ids=["not-json", "private", "error", "input-required"]
+    "spoil",
+    [not_json, private, not_an_object, input_required],
+    ids=["not-json", "private", "result-not-an-object", "input-required"],
 )
 async def test_an_entry_with_a_valid_mac_and_a_body_the_cache_would_not_store_is_a_miss_counted_as_corrupt(
     redis_server: RedisServer,
