@@ -11,23 +11,31 @@ milliseconds since the epoch, the stored ``ttlMs``, the offset of the ``ttlMs`` 
 (the rendered result with the ``ttlMs`` value cut out: ``CacheEntry.head + CacheEntry.tail``),
 then an HMAC-SHA256 of both (:mod:`gateway.cluster.mac`, keyed with ``[cluster].secret``). A
 value is served only if every part checks out, in this order: the MAC (else ``forged``: written
-by someone without the key, or altered), then the header's bounds, then the body parsed and
-checked exactly as the local tier would check an upstream's answer before storing it (a
-JSON-RPC result :func:`~gateway.cache.store_outcome` stores, rendered again by
-:func:`~gateway.cache.build_entry` into the same bytes); anything else is ``corrupt``. Both are
-misses, never an answer. Checking costs about a tenth of a millisecond for a 19 KB list
-(bench/RESULTS.md), once per entry read from Redis: it is then in the local tier.
+by someone without the key, or altered), then the header's bounds, then the body, checked as
+the local tier checks an upstream's answer before storing it: a JSON-RPC result that
+:func:`~gateway.cache.store_outcome` stores, cut at its own ``ttlMs``. With simdjson (the
+``speed`` extra) that check runs on the whole document without building it in Python
+(:func:`_storable`); without it, or for what simdjson cannot hold, the body is parsed and
+rendered again by :func:`~gateway.cache.build_entry`, and only the same bytes pass. Anything
+else is ``corrupt``. Both are misses, never an answer. For a 19 KB list the MAC takes about
+13 µs and the check about 15 µs (60 + 15 µs parsed and rendered again), once per entry read
+from Redis: it is then in the local tier.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Final
+from typing import Any, Final
 
 from ..cache import STORED, CacheEntry, CacheKey, build_entry, lifetimes, store_outcome
 from ..codec import loads
 from .mac import MAC_BYTES, Keys
+
+try:  # the ``speed`` extra: a value is checked without building its result in Python
+    import simdjson
+except ImportError:  # pragma: no cover - exercised by forcing _PARSER to None
+    simdjson = None  # type: ignore[assignment]
 
 __all__ = ["CORRUPT", "FORGED", "decode", "encode", "key_digest"]
 
@@ -105,6 +113,17 @@ def decode(
         return CORRUPT  # past its stale window, or claims more life than it was stored with (clocks 1 s apart allowed)
     if not len(_TTL_FIELD) <= at < len(body) or not value.endswith(_TTL_FIELD, 0, _FIELDS.size + at):
         return CORRUPT
+    expires_at = clock_now + left_s
+    keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
+    verdict = _storable(body, at)
+    if verdict is not None:
+        if not verdict:
+            return CORRUPT
+        # A copy that owns its bytes: the entry may outlive the value read from Redis by an hour.
+        view = memoryview(bytes(body))
+        return CacheEntry(
+            view[:at], view[at:], expires_at - ttl_ms / 1000, expires_at, ttl_ms, len(body), keep_until, refresh_at
+        )
     # Parsed and rendered again as the local tier stores an answer: only the same bytes pass.
     try:
         message = loads(b"".join((_RESPONSE_START, body[:at], b"%d" % ttl_ms, body[at:])))
@@ -112,11 +131,52 @@ def decode(
         return CORRUPT
     if store_outcome(200, message, len(body), max_entry_bytes) != STORED:
         return CORRUPT
-    expires_at = clock_now + left_s
     rebuilt = build_entry(message, expires_at - ttl_ms / 1000, max_ttl_ms)
     if rebuilt is None or rebuilt.ttl_ms != ttl_ms or rebuilt.head != body[:at] or rebuilt.tail != body[at:]:
         return CORRUPT
-    keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
     return CacheEntry(
         rebuilt.head, rebuilt.tail, expires_at - ttl_ms / 1000, expires_at, ttl_ms, rebuilt.size, keep_until, refresh_at
     )
+
+
+def _storable(body: memoryview, at: int) -> bool | None:
+    """simdjson's verdict on ``body`` cut at ``at`` (see :func:`decode`), ``None`` when it has
+    none (not installed, over :data:`FAST_CHECK_MAX_BYTES`, or a document it cannot hold, such
+    as an integer beyond 64 bits): then the caller parses and renders it again.
+
+    With ``-1`` put at the cut, the document must be ``{"jsonrpc", "id", "result"}`` exactly,
+    the result an object without duplicate members whose ``ttlMs`` is that ``-1`` (the cut is
+    at the result's own ``ttlMs``), ``resultType`` ``"complete"`` and ``cacheScope``
+    ``"public"``: what :func:`~gateway.cache.store_outcome` requires of an answer, checked on the
+    whole document (valid JSON, valid UTF-8) without building it in Python (about 15 µs instead
+    of 60 µs to parse and 15 µs to render a 19 KB list again; duplicate members are refused
+    because orjson keeps the last and simdjson the first).
+    """
+    if _PARSER is None or len(body) > FAST_CHECK_MAX_BYTES:
+        return None
+    try:
+        doc = _PARSER.parse(b"".join((_RESPONSE_START, body[:at], b"-1", body[at:])))
+    except (ValueError, RuntimeError):  # not JSON to simdjson, or a number it cannot hold
+        return None
+    if not isinstance(doc, simdjson.Object) or list(doc.keys()) != ["jsonrpc", "id", "result"]:
+        return False
+    result = doc["result"]
+    if not isinstance(result, simdjson.Object):
+        return False
+    members = list(result.keys())
+    if len(members) != len(set(members)):
+        return False
+    ttl = result.get("ttlMs")
+    return (
+        type(ttl) is int
+        and ttl == -1
+        and result.get("resultType") == "complete"
+        and result.get("cacheScope") == "public"
+    )
+
+
+#: Values up to this size (bytes of body) are checked by simdjson when it is installed (the
+#: ``speed`` extra); larger ones, rare, are parsed and rendered again. The parser keeps buffers
+#: for the largest document it parsed: bounded by this.
+FAST_CHECK_MAX_BYTES: Final = 256 * 1024
+_PARSER: Any = simdjson.Parser(max_capacity=FAST_CHECK_MAX_BYTES + 64) if simdjson is not None else None

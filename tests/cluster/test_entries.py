@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.cache import CacheEntry, CacheKey, build_entry
+
 from ..support.fleet import Upstream
 from ..support.redis import RedisServer
 from ..support.replicas import Replicas
@@ -177,3 +179,76 @@ async def test_an_entry_with_a_valid_mac_and_a_body_the_cache_would_not_store_is
     await forged_entry_is_a_miss_everywhere(
         redis_server, start_replicas, http, public_up, spoil, secret=SECRET, outcome="corrupt"
     )
+
+
+# -- the value's checks, in-process ------------------------------------------------------------------------
+
+KEY = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
+IDENTITY = "ab" * 12
+BOUNDS = {"clock_now": 0.0, "wall_now": 5_000.0, "max_ttl_ms": 3_600_000, "max_entry_bytes": 1 << 20}
+
+
+def stored_value(keys: Any, result: dict[str, Any] | None = None) -> bytes:
+    from gateway.cluster.entries import encode, key_digest
+
+    result = result or {
+        "tools": [{"name": "t", "description": "a tool", "inputSchema": {"type": "object", "ttlMs": {"x": 1}}}],
+        "resultType": "complete",
+        "cacheScope": "public",
+        "ttlMs": 60_000,
+    }
+    entry = build_entry({"jsonrpc": "2.0", "id": 1, "result": result}, 100.0, 3_600_000)
+    assert entry is not None
+    return encode(keys, key_digest(KEY, IDENTITY), entry, clock_now=100.0, wall_now=5_000.0)[0]
+
+
+def test_a_value_macd_under_another_secret_or_none_is_forged() -> None:
+    from gateway.cluster.entries import FORGED, decode, key_digest
+    from gateway.cluster.mac import Keys
+
+    ours = Keys(SECRET)
+    for writer in (Keys(None), Keys(SECRET + "x"), Keys(SECRET[:-1])):
+        assert decode(ours, stored_value(writer), key_digest(KEY, IDENTITY), **BOUNDS) == FORGED
+    assert isinstance(decode(ours, stored_value(ours), key_digest(KEY, IDENTITY), **BOUNDS), CacheEntry)
+
+
+def nested_cut(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
+    """The cut moved to a ``"ttlMs":`` inside the result (an input schema's property)."""
+    body = head + b"0" + tail
+    at = body.index(b'"ttlMs":{"x":1}') + len(b'"ttlMs":')
+    return body[:at], body[at + len(b'{"x":1}') :].replace(b'"ttlMs":0', b'"ttlMs":{"x":1}', 1)
+
+
+def duplicate_ttl(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
+    return head.replace(b'"tools":', b'"ttlMs":5,"tools":', 1), tail
+
+
+def trailing_member(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
+    return head, tail[:-1] + b',"extra":1}'
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [None, not_json, private, not_an_object, input_required, nested_cut, duplicate_ttl, trailing_member],
+    ids=["genuine", "not-json", "private", "not-an-object", "input-required", "nested-cut", "duplicate", "trailing"],
+)
+def test_the_simdjson_check_and_the_full_parse_agree_on_a_value(
+    spoil: Callable[[bytes, bytes], tuple[bytes, bytes]] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.cluster import entries
+    from gateway.cluster.mac import Keys
+
+    keys = Keys(SECRET)
+    value = stored_value(keys)
+    if spoil is not None:
+        _, head, tail = split(value)
+        value = forge(value, *spoil(head, tail), secret=SECRET)
+    assert entries._PARSER is not None, "the speed extra (simdjson) is installed for the tests"
+    fast = entries.decode(keys, value, entries.key_digest(KEY, IDENTITY), **BOUNDS)
+    monkeypatch.setattr(entries, "_PARSER", None)
+    full = entries.decode(keys, value, entries.key_digest(KEY, IDENTITY), **BOUNDS)
+    if spoil is None:
+        assert isinstance(fast, CacheEntry) and isinstance(full, CacheEntry)
+        assert fast.response(b"7", 1.0) == full.response(b"7", 1.0)
+    else:
+        assert fast == full == entries.CORRUPT
