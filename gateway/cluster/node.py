@@ -6,7 +6,8 @@ this process reaches it (:meth:`~gateway.cluster.mac.Keys.identity`: url, header
 that change its answers): two processes share an entry, a lock, a generation, the URI index, a
 lease or the registry's state of an upstream only when they would send it the same request with
 the same credentials. ``<digest>`` below is :func:`~gateway.cluster.entries.key_digest` of the
-cache key and that identity. Every value is MAC'd and checked before use (:mod:`.entries`).
+cache key and that identity. Entries, events and the registry's state carry an HMAC-SHA256
+(:mod:`.mac`), checked before use; the rest is checked for plausibility.
 
 Redis keys (all under ``key_prefix``), each with its bound:
 
@@ -24,9 +25,8 @@ Redis keys (all under ``key_prefix``), each with its bound:
   stream's ``resourceSubscriptions`` (held by one process for all): a sorted set of at most
   1,024 URIs of at most 2,048 characters, expiring with its longest-lived member
   (:mod:`gateway.cluster.uris`).
-* ``lease:<upstream>:<identity>``, ``registry:<upstream>:<identity>`` and
-  ``observed:<upstream>:<identity>``: the registry's (:mod:`gateway.cluster.lease`,
-  :mod:`gateway.registry.shared`), each with an expiry.
+* ``lease:``, ``registry:`` and ``observed:<upstream>:<identity>``: the registry's
+  (:mod:`gateway.cluster.lease`, :mod:`gateway.registry.shared`), each expiring within 60 s.
 
 Single flight, per cold key: look in the shared tier; register to hear the key's ``done`` event;
 take the lock. The holder looks once more (a leader may have just finished), then goes upstream,
@@ -121,7 +121,9 @@ class Cluster:
         #: Each upstream's identity (:meth:`~gateway.cluster.mac.Keys.identity`), by name.
         self.identities = self.keys.identities(config)
         self.node_id = secrets.token_hex(8)
-        self.feed = Feed(config.cluster, self.link, on_event=self._event, on_up=self._reload, on_lost=self._lost)
+        self.feed = Feed(
+            config.cluster, self.link, keys=self.keys, on_event=self._event, on_up=self._reload, on_lost=self._lost
+        )
         self.tasks = BackgroundTasks(log)
         self.max_ttl_ms = config.cache.max_ttl_ms
         self.max_entry_bytes = config.cache.max_entry_bytes
@@ -489,10 +491,7 @@ class Cluster:
 
 
 #: ``cluster_reads{result}`` outcome → what the log says of such a value.
-_WHY: Final = {
-    "forged": "not MAC'd with this cluster's secret (forged, altered, or another secret)",
-    "corrupt": "not a valid entry",
-}
+_WHY: Final = {"forged": "not MAC'd with this cluster's secret (forged, altered, another secret)", "corrupt": "invalid"}
 
 _UNPUBLISHED: Final = "shared tier: could not publish an invalidation (%s); other replicas keep their entries"
 _REASONS: Final = frozenset({"purge", "notification", "stream_lost"})

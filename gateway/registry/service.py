@@ -72,7 +72,9 @@ class Registry:
         self.invalidate: Callable[[Invalidation, str], int] | None = None
         self.cluster = cluster
         self.leases: Leases | None = None
-        self.mirror = RegistryMirror(cluster.link, self.state, cluster.identities) if cluster is not None else None
+        self.mirror = (
+            RegistryMirror(cluster.link, self.state, cluster.identities, cluster.keys) if cluster is not None else None
+        )
         self._upstreams: Mapping[str, Upstream] = {}
         self._jobs: dict[str, list[asyncio.Task[None]]] = {}
 

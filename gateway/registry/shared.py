@@ -11,8 +11,10 @@ is not the holder are posted to ``<key_prefix>:observed:<name>:<identity>`` (a s
 empties into its own state every :data:`MIRROR_S`; it expires :data:`STATE_TTL_S` after the
 last post, and a process posts only versions it had not seen, at most
 :data:`~.state.MAX_VERSIONS`). What is read
-back is validated (pydantic, against :class:`UpstreamState`); a value that does not validate
-is ignored, and the last good copy kept.
+back is checked: its HMAC-SHA256 first (the state is written as the MAC, 32 bytes, then the
+JSON; :mod:`gateway.cluster.mac`), then validated (pydantic, against :class:`UpstreamState`); a
+value that fails either is ignored (``cluster_errors{operation="forged_registry"}`` or
+``"corrupt_registry"``), and the last good copy kept.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Final
 from pydantic import TypeAdapter, ValidationError
 
 from ..cluster import RedisLink
+from ..cluster.mac import MAC_BYTES, Keys
 from ..codec import dumps
 from .state import MAX_VERSIONS, RegistryState, UpstreamState
 
@@ -44,10 +47,11 @@ _STATE: Final = TypeAdapter(UpstreamState)
 class RegistryMirror:
     """Writes and reads the shared copies of the registry's per-upstream state."""
 
-    def __init__(self, link: RedisLink, state: RegistryState, identities: Mapping[str, str]) -> None:
+    def __init__(self, link: RedisLink, state: RegistryState, identities: Mapping[str, str], keys: Keys) -> None:
         self.link = link
         self.state = state
         self.identities = identities
+        self.keys = keys
 
     def _key(self, kind: str, name: str) -> str:
         return self.link.key(kind, name, self.identities[name])
@@ -71,7 +75,8 @@ class RegistryMirror:
         for raw in await self.link.run("registry", take):
             if isinstance(raw, bytes):
                 self.state.observe(name, raw.decode("utf-8", "replace"))
-        value = dumps(_STATE.dump_python(state, mode="json"))
+        data = dumps(_STATE.dump_python(state, mode="json"))
+        value = self.keys.mac(data, "state") + data
         await self.link.run(
             "registry", lambda: self.link.client.set(self._key("registry", name), value, px=int(STATE_TTL_S * 1000))
         )
@@ -86,8 +91,13 @@ class RegistryMirror:
         raw = await self.link.run("registry", lambda: self.link.client.get(self._key("registry", name)))
         if raw is None:
             return False
+        mac, data = (raw[:MAC_BYTES], raw[MAC_BYTES:]) if isinstance(raw, bytes) else (b"", b"")
+        if not self.keys.verify(data, mac, "state"):
+            self.link.metrics.cluster_errors.labels("forged_registry").inc()
+            log.warning("shared tier: the registry state of %s is not MAC'd with this cluster's secret; ignored", name)
+            return False
         try:
-            shared = _STATE.validate_json(raw)
+            shared = _STATE.validate_json(data)
         except ValidationError:
             self.link.metrics.cluster_errors.labels("corrupt_registry").inc()
             log.warning("shared tier: the registry state of %s does not validate; ignored", name)

@@ -357,3 +357,69 @@ async def test_a_lease_holder_whose_lease_was_taken_lets_go(redis_server: RedisS
         assert leases.doing["a"]
     finally:
         await link.close()
+
+
+# -- events and registry state are authenticated too -----------------------------------------------------------
+
+SECRET = "tier-tests-secret-0123456789abcdef"
+
+
+async def test_an_event_not_macd_with_the_secret_is_ignored_and_counted(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    import json
+
+    upstream = await start_upstream()
+    config = cluster_config(redis_server, upstream)
+    config["cluster"]["secret"] = SECRET
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    assert "stored" in (await call(http, a, 1))[1]
+    assert "detail=shared" in (await call(http, b, 2))[1]
+    purge_all = {"type": "invalidate", "invalidation": {"upstream": None, "methods": None, "uri": None}}
+    event = json.dumps({**purge_all, "reason": "purge", "generations": {}, "origin": "someone"})
+    for mac in (None, Keys(None).mac(event.encode(), "event"), Keys(SECRET).mac(event.encode(), "value")):
+        redis_server.command("XADD", "t:events", "*", "e", event, *(("m", mac) if mac is not None else ()))
+
+    def forged_events(gw: RunningGateway) -> float:
+        return gw.registry.get_sample_value("mcp_gateway_cluster_errors_total", {"operation": "forged_event"}) or 0.0
+
+    await wait_until(lambda: forged_events(a) == forged_events(b) == 3, what="three forged events counted on each")
+    for n, gw in enumerate((a, b)):
+        assert "detail=" not in (answer := await call(http, gw, f"after-{n}"))[1] and "hit" in answer[1], answer[1]
+
+
+async def test_registry_state_not_macd_with_the_secret_is_ignored_and_counted(redis_server: RedisServer) -> None:
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from gateway.cluster.link import RedisLink
+    from gateway.config import ClusterConfig
+    from gateway.registry.shared import RegistryMirror
+    from gateway.registry.state import RegistryState
+    from gateway.telemetry import GatewayMetrics
+
+    registry = CollectorRegistry()
+    link = RedisLink(ClusterConfig(redis_url=redis_server.url, key_prefix="t"), GatewayMetrics(registry))
+    link.mark(True)
+    identities = {"a": "cd" * 12}
+    try:
+        holder = RegistryMirror(link, RegistryState(["a"]), identities, Keys(SECRET))
+        holder.state.upstreams["a"].era = "modern"
+        await holder.publish("a")
+        reader = RegistryMirror(link, RegistryState(["a"]), identities, Keys(SECRET))
+        assert await reader.load("a") and reader.state.upstreams["a"].era == "modern"
+        name = f"t:registry:a:{identities['a']}"
+        genuine = redis_server.command("GET", name)
+        state = json.loads(genuine[32:])
+        forged = {**state, "era": "legacy"}
+        forged_json = json.dumps(forged).encode()
+        for value in (forged_json, Keys(None).mac(forged_json, "state") + forged_json, genuine[:32] + forged_json):
+            redis_server.command("SET", name, value, "PX", "60000")
+            assert not await reader.load("a")
+            assert reader.state.upstreams["a"].era == "modern"  # the last good copy kept
+        counted = registry.get_sample_value("mcp_gateway_cluster_errors_total", {"operation": "forged_registry"})
+        assert counted == 3
+    finally:
+        await link.close()
