@@ -423,3 +423,22 @@ async def test_registry_state_not_macd_with_the_secret_is_ignored_and_counted(re
         assert counted == 3
     finally:
         await link.close()
+
+
+async def test_every_generations_hash_expires_a_day_after_its_last_use(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+    a = await start_gateway(cluster_config(redis_server, upstream))
+    await connected(a)
+    generations = a.app[CLUSTER].generations
+    name = generations.name("a")
+    day_ms = 86_400_000
+    assert 0 < redis_server.command("PTTL", name) <= day_ms  # set when it was loaded
+    redis_server.command("PEXPIRE", name, 5_000)
+    await purge(http, a)  # raised: used again
+    assert day_ms - 60_000 < redis_server.command("PTTL", name) <= day_ms
+    redis_server.command("PEXPIRE", name, 5_000)
+    await generations.touch()  # what every process does every hour
+    assert day_ms - 60_000 < redis_server.command("PTTL", name) <= day_ms
+    assert set(redis_server.command("HKEYS", name)) == {m.encode() for m in generations.methods}
