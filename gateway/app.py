@@ -193,7 +193,7 @@ def create_app(
         app.router.add_route("*", ROUTE, aggregate.handle_other)  # every other method: 405
     else:
         app.router.add_route("*", ROUTE, _no_aggregate)
-    views = RegistryViews(config, registry.state, listing)
+    views = RegistryViews(config, registry.state, listing, cluster.identities if cluster is not None else None)
     app.router.add_get("/v0.1/servers", guarded(views.servers))
     app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(views.server_versions))
     app.router.add_get("/v0.1/servers/{name:.+}/versions/{version}", guarded(views.server_version))

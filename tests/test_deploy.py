@@ -59,6 +59,7 @@ REQUIRED_ALERTS = {
     "MCPGatewaySharedTierDown",
     "MCPGatewaySharedTierErrors",
     "MCPGatewayInvalidationsPending",
+    "MCPGatewaySharedTierForgedValues",
     "MCPGatewayServingStale",
 }
 
@@ -540,7 +541,12 @@ def test_config_with_the_cluster_example_uncommented_passes_gateway_check_config
     path = tmp_path / "config.toml"
     path.write_text(uncommented)
     exe = gateway_exe()
-    env = {**os.environ, **CHECK_CONFIG_ENV, "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef"}
+    env = {
+        **os.environ,
+        **CHECK_CONFIG_ENV,
+        "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef",
+        "MCP_GATEWAY_CLUSTER_SECRET": "fedcba9876543210fedcba9876543210",
+    }
     proc = run([exe, "check-config", str(path)], env=env)
     assert proc.returncode == 0, output(proc)
     # the Secret's key is optional in the Deployment: without it the config names the variable

@@ -203,11 +203,22 @@ class PartFetcher:
         return Part(result, ttl_ms, result.get("cacheScope") == "public", fetched=True, size=size, at=now)
 
     def _from_entry(self, key: CacheKey, entry: CacheEntry, *, stale: bool = False) -> Part:
-        """The part a cache entry holds, with the freshness it has left (0 for a stale one)."""
+        """The part a cache entry holds, with the freshness it has left (0 for a stale one).
+
+        Raises:
+            BadGateway: the entry's bytes are not a JSON-RPC result: the member is left out, as
+                one that failed (never a 500 for the whole answer).
+        """
         now = self.clock()
-        message: dict[str, Any] = loads(entry.response(b"0", now))
+        try:
+            message: Any = loads(entry.response(b"0", now))
+        except ValueError:
+            message = None
+        result = message.get("result") if isinstance(message, dict) else None
+        if not isinstance(result, dict):
+            raise BadGateway(f"the cache entry of upstream {key.upstream} is not a result; left out", request_id=None)
         ttl_ms = 0 if stale else entry.remaining_ms(now)
-        return Part(message["result"], ttl_ms, True, key, None if stale else entry, stale, size=entry.size, at=now)
+        return Part(result, ttl_ms, True, key, None if stale else entry, stale, size=entry.size, at=now)
 
 
 class MemberError(GatewayError):

@@ -1,14 +1,15 @@
 """Many replicas, one gateway: the shared tier on Redis (``[cluster]``).
 
-Modules, lower first: ``link`` (the Redis client, a bound on every call, and the shared
-tier's state: up, down or read-only, with the heartbeat that tells), ``entries`` (shared entries:
+Modules, lower first: ``link`` (the Redis client, a bound on every call, and the shared tier's
+state: up, down or read-only, with the heartbeat that tells), ``mac`` (the cluster secret: the
+MAC on every value, the digest naming an upstream's configuration), ``entries`` (shared entries:
 names and checked values), ``feed`` (the event stream every process reads), ``generations`` (the
-numbers invalidation raises), ``outbox`` (invalidations Redis has not taken yet), ``waiters``
-(callers waiting for another process's leader), ``node`` (the shared tier, single flight and
-invalidation for one process), ``lease`` (one holder per upstream for the registry's probes and
-listen stream).
-Without ``[cluster]`` none of this runs. Apart from Redis, ``workers`` carries invalidation
-between the workers of one ``--workers`` group.
+numbers invalidation raises), ``uris`` (the bounded index of cached resource URIs), ``outbox``
+(invalidations Redis has not taken yet), ``waiters`` (callers waiting for another process's
+leader), ``flight`` (a lookup's outcome and the cold key's lock), ``node`` (the shared tier,
+single flight and invalidation for one process), ``lease`` (one holder per upstream for the
+registry's probes and listen stream). Without ``[cluster]`` none of this runs. Apart from Redis,
+``workers`` carries invalidation between the workers of one ``--workers`` group.
 """
 
 from .link import RedisLink, Unavailable

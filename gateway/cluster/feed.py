@@ -1,9 +1,12 @@
 """The cluster's event feed: one Redis stream every process reads, in order, without gaps.
 
 Two kinds of event travel on ``<key_prefix>:events`` (a Redis stream, trimmed to about
-:data:`STREAM_MAXLEN` events), each one JSON object in the field ``e``:
+:data:`STREAM_MAXLEN` events), each one JSON object in the field ``e`` and its HMAC-SHA256 in
+the field ``m`` (:mod:`gateway.cluster.mac`; an event without the right one is ignored and
+counted under ``mcp_gateway_cluster_errors_total{operation="forged_event"}``):
 
-* ``{"type": "invalidate", "invalidation": {...}, "reason": str, "generations": {field: n}, "origin": id}``:
+* ``{"type": "invalidate", "invalidation": {...}, "reason": str, "generations": {field: n}, "origin": id,
+  "echo": bool}``:
   entries went stale (a purge, a listen-stream notification, a lost listen stream); every process
   drops the matching entries from its local tier and adopts the new generations (see
   :mod:`gateway.cluster.node`).
@@ -31,6 +34,7 @@ from redis.exceptions import RedisError, ResponseError
 from ..codec import dumps, loads
 from ..config import ClusterConfig
 from .link import RedisLink, make_client
+from .mac import Keys
 
 __all__ = ["BLOCK_S", "STREAM_MAXLEN", "Feed"]
 
@@ -64,11 +68,13 @@ class Feed:
         config: ClusterConfig,
         link: RedisLink,
         *,
+        keys: Keys,
         on_event: EventHandler,
         on_up: Callable[[], Any],
         on_lost: Callable[[str], None],
     ) -> None:
         self.link = link
+        self.keys = keys
         self.stream = link.key("events")
         # Its own connection: a blocking read must not hold one of the command pool's.
         self._reader = make_client(config, BLOCK_S + config.timeout_s, 2)
@@ -86,9 +92,10 @@ class Feed:
             Unavailable: Redis is down or the call failed.
         """
         data = dumps(event)
+        fields: dict[Any, Any] = {"e": data, "m": self.keys.mac(data, "event")}
         await self.link.run(
             "publish",
-            lambda: self.link.client.xadd(self.stream, {"e": data}, maxlen=STREAM_MAXLEN, approximate=True),
+            lambda: self.link.client.xadd(self.stream, fields, maxlen=STREAM_MAXLEN, approximate=True),
             force=force,
         )
 
@@ -169,8 +176,15 @@ class Feed:
             await result
 
     def _dispatch(self, fields: object) -> None:
+        data = fields.get(b"e") if isinstance(fields, dict) else None
+        if not isinstance(data, bytes) or not isinstance(fields, dict):
+            self.link.metrics.cluster_errors.labels("corrupt_event").inc()
+            return
+        if not self.keys.verify(data, fields.get(b"m"), "event"):
+            self.link.metrics.cluster_errors.labels("forged_event").inc()
+            return
         try:
-            event = loads(fields[b"e"]) if isinstance(fields, dict) and isinstance(fields.get(b"e"), bytes) else None
+            event = loads(data)
         except ValueError:
             event = None
         if not isinstance(event, dict):

@@ -1,32 +1,47 @@
 """Generations: the number in the name of every shared entry, raised by invalidation.
 
-``<key_prefix>:generations`` is a hash ``"<upstream> <method>"`` → generation. An invalidation
+``<key_prefix>:generations:<upstream>:<identity>`` is a hash ``<method>`` → generation, for one
+upstream as one configuration reaches it (``identity``: :meth:`~gateway.cluster.mac.Keys.identity`),
+so that processes configured differently for an upstream never share a number. An invalidation
 raises the generations it touches, so that every shared entry stored before it is out of reach
 at once (it then expires by itself), and an answer fetched before it, stored under the old
-number, is out of reach too. Each process keeps a copy (:attr:`Generations.values`): loaded on
-(re)connecting, raised by the events that carry new numbers.
+number, is out of reach too. Each process keeps a copy (:attr:`Generations.values`, by field
+``"<upstream>:<identity> <method>"``, the names events carry): loaded on (re)connecting, raised
+by the events that carry new numbers.
 
-Both scripts below run in Redis, atomically, and number from Redis's own clock: a raised
+The scripts below run in Redis, atomically, and number from Redis's own clock: a raised
 generation is ``max(old + 1, now in ms)``, and a missing or unreadable one becomes ``now``. So a
 generation never repeats one used before, even after Redis restarted empty or was flushed (a
 process that still holds the old numbers would otherwise share names with entries from before
 an invalidation), and a value written over by something else heals itself.
+
+Bound: each hash holds at most the six cacheable methods and expires :data:`GENERATIONS_TTL_S`
+after it was last used (each sync and bump, and :meth:`Generations.touch`, which every process
+runs every :data:`TOUCH_S`): the hashes of a configuration no process uses any more go away.
+One that comes back is numbered from ``now`` again, which names no entry stored before.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from .link import RedisLink
 
-__all__ = ["Generations"]
+__all__ = ["GENERATIONS_TTL_S", "TOUCH_S", "Generations"]
 
 log = logging.getLogger("mcp_gateway.cluster")
 
-#: Shared by both scripts: ``now`` (ms, Redis's clock), and ``plausible(v)``: ``v`` as an integer
+#: A generations hash no process touched for this long expires, in seconds.
+GENERATIONS_TTL_S: Final = 86_400
+#: How often each process pushes the expiry of its hashes out, in seconds.
+TOUCH_S: Final = 3_600
+
+#: Shared by the scripts: ``now`` (ms, Redis's clock), ``plausible(v)``: ``v`` as an integer
 #: generation, or nil when it is absent, not a whole number, negative or more than a year ahead
-#: (written by something other than this gateway). A key of another type is removed first.
+#: (written by something other than this gateway), and ``each(k)``: a key of another type
+#: than a hash is removed first. KEYS: the hashes; ARGV[1]: their expiry (ms); ARGV[2..]: methods.
 _PRELUDE: Final = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -35,39 +50,49 @@ local function plausible(v)
   if n == nil or n ~= math.floor(n) or n < 0 or n > now + 31536000000 then return nil end
   return n
 end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[1]) end
+local function each(k)
+  local kind = redis.call('TYPE', k)['ok']
+  if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', k) end
+end
 """
 
-#: ARGV: fields. Returns ``[missing, unreadable, value...]``: each field's generation, missing or
-#: unreadable ones set to ``now`` first.
+#: Returns ``[missing, unreadable, value...]``: each (key, method)'s generation in order, missing
+#: or unreadable ones set to ``now`` first.
 _SYNC: Final = (
     _PRELUDE
     + """
 local out = {0, 0}
-for i, f in ipairs(ARGV) do
-  local raw = redis.call('HGET', KEYS[1], f)
-  local n = plausible(raw)
-  if n == nil then
-    if raw then out[2] = out[2] + 1 else out[1] = out[1] + 1 end
-    n = now
-    redis.call('HSET', KEYS[1], f, string.format('%d', n))
+for _, k in ipairs(KEYS) do
+  each(k)
+  for i = 2, #ARGV do
+    local raw = redis.call('HGET', k, ARGV[i])
+    local n = plausible(raw)
+    if n == nil then
+      if raw then out[2] = out[2] + 1 else out[1] = out[1] + 1 end
+      n = now
+      redis.call('HSET', k, ARGV[i], string.format('%d', n))
+    end
+    out[#out + 1] = n
   end
-  out[i + 2] = n
+  redis.call('PEXPIRE', k, ARGV[1])
 end
 return out
 """
 )
 
-#: ARGV: fields. Returns each field's raised generation, ``max(old + 1, now)``.
+#: Returns each (key, method)'s raised generation in order, ``max(old + 1, now)``.
 _BUMP: Final = (
     _PRELUDE
     + """
 local out = {}
-for i, f in ipairs(ARGV) do
-  local n = math.max((plausible(redis.call('HGET', KEYS[1], f)) or 0) + 1, now)
-  redis.call('HSET', KEYS[1], f, string.format('%d', n))
-  out[i] = n
+for _, k in ipairs(KEYS) do
+  each(k)
+  for i = 2, #ARGV do
+    local n = math.max((plausible(redis.call('HGET', k, ARGV[i])) or 0) + 1, now)
+    redis.call('HSET', k, ARGV[i], string.format('%d', n))
+    out[#out + 1] = n
+  end
+  redis.call('PEXPIRE', k, ARGV[1])
 end
 return out
 """
@@ -75,50 +100,89 @@ return out
 
 
 class Generations:
-    """This process's copy of the generations, and the two ways to change them in Redis."""
+    """This process's copy of the generations of ``identities`` (upstream name → identity) for
+    ``methods``, and the ways to change them in Redis."""
 
-    def __init__(self, link: RedisLink, fields: list[str]) -> None:
+    def __init__(self, link: RedisLink, identities: Mapping[str, str], methods: Sequence[str]) -> None:
         self.link = link
-        self.name = link.key("generations")
-        self.fields = fields
+        self.identities = dict(identities)
+        self.methods = list(methods)
+        self.fields = frozenset(self.field(u, m) for u in self.identities for m in self.methods)
         self.values: dict[str, int] = {}
         self._sync = link.client.register_script(_SYNC)
         self._bump = link.client.register_script(_BUMP)
+        self._ttl_ms = str(GENERATIONS_TTL_S * 1000)
+
+    def field(self, upstream: str, method: str) -> str:
+        """The name of ``upstream``'s ``method`` generation, in the copy and in events."""
+        return f"{upstream}:{self.identities[upstream]} {method}"
+
+    def name(self, upstream: str) -> str:
+        """The Redis key of ``upstream``'s hash."""
+        return self.link.key("generations", upstream, self.identities[upstream])
 
     def of(self, field: str) -> int:
         return self.values.get(field, 0)
 
     async def sync(self) -> None:
-        """Replace the copy with Redis's (run while reconnecting, under the feed's own bound).
+        """Take Redis's generations into the copy (run while reconnecting, under the feed's own
+        bound); never lowers one (an event read meanwhile may have raised it).
 
         Raises:
             redis.exceptions.RedisError, OSError: Redis failed.
         """
-        raw: Any = await self._sync(keys=[self.name], args=self.fields)
+        upstreams = list(self.identities)
+        if not upstreams:
+            return
+        raw: Any = await self._sync(keys=[self.name(u) for u in upstreams], args=[self._ttl_ms, *self.methods])
         missing, unreadable, *values = (int(v) for v in raw)
         if unreadable:
-            log.warning("shared tier: %d generations in %s were not numbers; renumbered", unreadable, self.name)
+            log.warning("shared tier: %d generations in Redis were not numbers; renumbered", unreadable)
             self.link.metrics.cluster_errors.labels("corrupt_generations").inc()
         elif missing and self.values:
-            log.info("shared tier: %s was gone (Redis restarted empty, or flushed); renumbered", self.name)
-        self.values = dict(zip(self.fields, values, strict=True))
+            log.info("shared tier: generations were gone (Redis restarted empty, flushed, or expired); renumbered")
+        fields = [self.field(u, m) for u in upstreams for m in self.methods]
+        self.adopt(dict(zip(fields, values, strict=True)))
 
-    async def bump(self, fields: list[str], *, force: bool = False) -> dict[str, int]:
-        """Raise ``fields`` in Redis and in the copy; returns their new values (``force``:
-        tried even while the shared tier is not up, :meth:`RedisLink.run`).
+    async def bump(self, upstreams: Iterable[str], methods: Sequence[str], *, force: bool = False) -> dict[str, int]:
+        """Raise ``methods`` of ``upstreams`` in Redis and in the copy; returns their new values
+        by field (``force``: tried even while the shared tier is not up, :meth:`RedisLink.run`).
 
         Raises:
             Unavailable: Redis is down or failed.
         """
-        raw: Any = await self.link.run("invalidate", lambda: self._bump(keys=[self.name], args=fields), force=force)
+        names = [u for u in upstreams if u in self.identities]
+        if not names or not methods:
+            return {}
+        keys = [self.name(u) for u in names]
+        raw: Any = await self.link.run(
+            "invalidate", lambda: self._bump(keys=keys, args=[self._ttl_ms, *methods]), force=force
+        )
+        fields = [self.field(u, m) for u in names for m in methods]
         raised = dict(zip(fields, (int(v) for v in raw), strict=True))
         self.adopt(raised)
         return raised
 
+    async def touch(self) -> None:
+        """Push the expiry of this process's hashes out to :data:`GENERATIONS_TTL_S` from now.
+
+        Raises:
+            Unavailable: Redis is down or failed.
+        """
+
+        async def expire() -> None:
+            async with self.link.client.pipeline(transaction=False) as pipe:
+                for upstream in self.identities:
+                    pipe.pexpire(self.name(upstream), GENERATIONS_TTL_S * 1000)
+                await pipe.execute()
+
+        await self.link.run("generations", expire)
+
     def adopt(self, generations: object) -> None:
-        """Take the newer of each generation in ``generations`` (an event's) and the copy's."""
+        """Take the newer of each generation in ``generations`` (an event's) and the copy's;
+        fields of other configurations are not this process's business."""
         if not isinstance(generations, dict):
             return
         for f, value in generations.items():
-            if isinstance(f, str) and type(value) is int and value > self.values.get(f, 0):
+            if f in self.fields and type(value) is int and value > self.values.get(f, 0):
                 self.values[f] = value

@@ -1,7 +1,9 @@
 """Leases: at most one process in the cluster does a job (probe an upstream and hold its listen
 stream), and another takes over when it dies.
 
-A lease is a redis-py ``Lock`` named ``<key_prefix>:lease:<job>`` with an expiry of
+A lease is a redis-py ``Lock`` named ``<key_prefix>:lease:<job>`` (``<job>``: the upstream's
+name and identity, ``<name>:<identity>``, so that processes configured differently for an
+upstream each probe it their own way) with an expiry of
 :data:`LEASE_TTL_S`, renewed every :data:`RENEW_S` by its holder; the others try to take it as
 often. A dead holder's lease expires, so a survivor holds it within ``LEASE_TTL_S + RENEW_S``
 (13 s). A lease key without expiry was written over: it is removed. While Redis is down, every
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from redis.asyncio.lock import Lock
@@ -36,7 +38,8 @@ RENEW_S: Final = 3.0
 class Leases:
     """The leases on ``jobs`` for this process. ``on_change(job, held)`` is called each time this
     process starts (``True``) or stops (``False``) doing ``job``; ``held_in_redis(job, held)``
-    reports whether the lease is held through Redis (the ``cluster_leases_held`` gauge)."""
+    reports whether the lease is held through Redis (the ``cluster_leases_held`` gauge).
+    ``names``: each job's name in Redis (default: the job itself)."""
 
     def __init__(
         self,
@@ -44,6 +47,7 @@ class Leases:
         jobs: Iterable[str],
         on_change: Callable[[str, bool], None],
         *,
+        names: Mapping[str, str] | None = None,
         held_in_redis: Callable[[str, bool], None] | None = None,
         renew_s: float = RENEW_S,
         ttl_s: float = LEASE_TTL_S,
@@ -52,9 +56,10 @@ class Leases:
         self.renew_s = renew_s
         self._on_change = on_change
         self._held_in_redis = held_in_redis
+        self._names = {job: link.key("lease", (names or {}).get(job, job)) for job in jobs}
         self._locks = {
-            job: Lock(link.client, link.key("lease", job), timeout=ttl_s, blocking=False, thread_local=False)
-            for job in jobs
+            job: Lock(link.client, name, timeout=ttl_s, blocking=False, thread_local=False)
+            for job, name in self._names.items()
         }
         #: Whether this process does each job now.
         self.doing: dict[str, bool] = dict.fromkeys(self._locks, False)
@@ -111,7 +116,7 @@ class Leases:
                 self._own(job, False)
 
     async def _clear_if_written_over(self, job: str) -> None:
-        name = self.link.key("lease", job)
+        name = self._names[job]
         if await self.link.run("lease", lambda: self.link.client.pttl(name)) == -1:
             log.warning("shared tier: %s has no expiry (written over?); removed", name)
             await self.link.run("lease", lambda: self.link.client.delete(name))

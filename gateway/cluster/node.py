@@ -1,18 +1,32 @@
 """This process's part in the cluster: the shared tier of the cache, single flight across
 processes, and invalidation that reaches every process.
 
-Redis keys (all under ``key_prefix``):
+Everything that names one upstream names it with its *identity* too, the keyed digest of how
+this process reaches it (:meth:`~gateway.cluster.mac.Keys.identity`: url, headers, the settings
+that change its answers): two processes share an entry, a lock, a generation, the URI index, a
+lease or the registry's state of an upstream only when they would send it the same request with
+the same credentials. ``<digest>`` below is :func:`~gateway.cluster.entries.key_digest` of the
+cache key and that identity. Entries, events and the registry's state carry an HMAC-SHA256
+(:mod:`.mac`), checked before use; the rest is checked for plausibility.
 
-* ``entry:<generation>:<digest>``: a shared entry (:mod:`gateway.cluster.entries`), with Redis
-  expiry at the entry's own, or, for an upstream with ``stale_if_error_ms``, that much later: an
-  expired entry read in that window is never a hit, only what answers stale when fetching it
-  again fails (a replica that never held it answers stale too).
+Redis keys (all under ``key_prefix``), each with its bound:
+
+* ``entry:<generation>:<digest>``: a shared entry (:mod:`gateway.cluster.entries`), at most
+  ``max_entry_bytes``, with Redis expiry at the entry's own, or, for an upstream with
+  ``stale_if_error_ms``, that much later: an expired entry read in that window is never a hit,
+  only what answers stale when fetching it again fails (a replica that never held it answers
+  stale too).
 * ``lock:<generation>:<digest>``: the cold key's leader (a redis-py ``Lock``: a token and an
   expiry of the upstream's ``timeout_s`` plus :data:`LOCK_MARGIN_S`).
-* ``generations``: a hash ``"<upstream> <method>"`` → generation (:mod:`gateway.cluster.generations`).
-* ``events``: the feed (:mod:`gateway.cluster.feed`).
-* ``uris:<upstream>``: the URIs of shared ``resources/read`` entries, for the listen stream's
-  ``resourceSubscriptions`` (held by one process for all).
+* ``generations:<upstream>:<identity>``: a hash ``<method>`` → generation, six fields, expiring
+  a day after its last use (:mod:`gateway.cluster.generations`).
+* ``events``: the feed, a stream trimmed to about 100,000 events (:mod:`gateway.cluster.feed`).
+* ``uris:<upstream>:<identity>``: the URIs of shared ``resources/read`` entries, for the listen
+  stream's ``resourceSubscriptions`` (held by one process for all): a sorted set of at most
+  1,024 URIs of at most 2,048 characters, expiring with its longest-lived member
+  (:mod:`gateway.cluster.uris`).
+* ``lease:``, ``registry:`` and ``observed:<upstream>:<identity>``: the registry's
+  (:mod:`gateway.cluster.lease`, :mod:`gateway.registry.shared`), each expiring within 60 s.
 
 Single flight, per cold key: look in the shared tier; register to hear the key's ``done`` event;
 take the lock. The holder looks once more (a leader may have just finished), then goes upstream,
@@ -55,45 +69,22 @@ from ..tasks import CLOSE_TIMEOUT_S, BackgroundTasks
 from ..telemetry import GatewayMetrics
 from .entries import decode, encode, key_digest
 from .feed import Feed
-from .generations import Generations
+from .flight import Flight, Lookup, lock_is_live, release_quietly
+from .generations import TOUCH_S, Generations
 from .link import RedisLink, State, Unavailable
+from .mac import Keys
 from .outbox import Outbox, Pending
+from .uris import MAX_URI_CHARS, UriIndex
 from .waiters import Waiters
 
 __all__ = ["LOCK_MARGIN_S", "Cluster", "Flight", "Lookup", "Spread"]
 
 log = logging.getLogger("mcp_gateway.cluster")
 
-#: Longest resource URI taken from the shared set of cached URIs.
-MAX_URI_CHARS: Final = 2048
 #: How long a starting process waits for Redis before it serves without, in seconds.
 STARTUP_WAIT_S: Final = 2.0
 #: A leader's lock outlives its upstream request's bound by this much, in seconds.
 LOCK_MARGIN_S: Final = 2.0
-
-
-@dataclass(slots=True)
-class Flight:
-    """This process leads a cold key for the cluster: finish it with :meth:`Cluster.finish`."""
-
-    ident: str
-    lock: Lock
-    finished: bool = False
-
-
-@dataclass(slots=True)
-class Lookup:
-    """What the shared tier gave for a local miss: an ``entry`` (``collapsed``: it is the
-    answer another process's leader just fetched), or the ``flight`` to lead, or neither (go
-    upstream alone). ``stale``: an expired shared entry still in its stale window (only to
-    answer from if fetching fails). ``skipped`` (refresh only): another process leads the key
-    and its answer did not come; this process does not refresh it."""
-
-    entry: CacheEntry | None = None
-    collapsed: bool = False
-    flight: Flight | None = None
-    stale: CacheEntry | None = None
-    skipped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +117,18 @@ class Cluster:
         self.clock = clock
         self.wall_clock = wall_clock
         self.link = RedisLink(config.cluster, metrics)
+        self.keys = Keys(config.cluster.secret)
+        #: Each upstream's identity (:meth:`~gateway.cluster.mac.Keys.identity`), by name.
+        self.identities = self.keys.identities(config)
         self.node_id = secrets.token_hex(8)
-        self.feed = Feed(config.cluster, self.link, on_event=self._event, on_up=self._reload, on_lost=self._lost)
+        self.feed = Feed(
+            config.cluster, self.link, keys=self.keys, on_event=self._event, on_up=self._reload, on_lost=self._lost
+        )
         self.tasks = BackgroundTasks(log)
         self.max_ttl_ms = config.cache.max_ttl_ms
         self.max_entry_bytes = config.cache.max_entry_bytes
-        self.generations = Generations(
-            self.link, [self._field(u, m) for u in config.upstreams for m in sorted(CACHEABLE_METHODS)]
-        )
+        self.generations = Generations(self.link, self.identities, sorted(CACHEABLE_METHODS))
+        self.uris = UriIndex(self.link, self.identities)
         self.waiters = Waiters()
         self.outbox = Outbox(
             self.link,
@@ -141,7 +136,7 @@ class Cluster:
             self.feed,
             metrics,
             origin=self.node_id,
-            every_field=self.generations.fields,
+            scope=self._scope,
             delivered=self._delivered,
         )
         self.link.on_change = self._state_changed
@@ -161,6 +156,7 @@ class Cluster:
         down it serves without it, and joins when Redis answers)."""
         self.tasks.spawn(self.feed.run(), name="cluster:feed")
         self.tasks.spawn(self.link.heartbeat(), name="cluster:heartbeat")
+        self.tasks.spawn(self._touch_loop(), name="cluster:touch")
         try:
             async with asyncio.timeout(STARTUP_WAIT_S):
                 await self.link.answering.wait()
@@ -178,20 +174,33 @@ class Cluster:
             except (TimeoutError, OSError, RedisError) as exc:
                 log.warning("shared tier: closing its %s at shutdown: %s", what, type(exc).__name__)
 
+    async def _touch_loop(self) -> None:
+        """Keep this process's generations hashes from expiring while it uses them."""
+        while True:
+            await asyncio.sleep(TOUCH_S)
+            try:
+                await self.generations.touch()
+            except Unavailable:
+                pass  # the next sync (on reconnecting) sets the expiry again
+
     # -- names --
 
     def _field(self, upstream: str, method: str) -> str:
-        return f"{upstream} {method}"
+        return self.generations.field(upstream, method)
+
+    def digest(self, key: CacheKey) -> bytes:
+        """:func:`key_digest` of ``key`` for its upstream as this process reaches it."""
+        return key_digest(key, self.identities[key.upstream])
 
     def ident(self, key: CacheKey) -> str:
         """``<generation>:<digest>``: the key's name in Redis right now."""
-        return f"{self.generations.of(self._field(key.upstream, key.method))}:{key_digest(key).hex()}"
+        return f"{self.generations.of(self._field(key.upstream, key.method))}:{self.digest(key).hex()}"
 
     def shares(self, key: CacheKey) -> bool:
         """Whether ``key``'s entries may live in Redis: not for an upstream that receives the
         caller's ``Authorization`` (its entries belong to one authorization context), nor while
         an invalidation of them has not got through (:mod:`gateway.cluster.outbox`)."""
-        if key.authorization is not None:
+        if key.authorization is not None or key.upstream not in self.identities:
             return False
         fenced = self.outbox.fenced
         return not fenced or self._field(key.upstream, key.method) not in fenced
@@ -228,11 +237,11 @@ class Cluster:
             if leading:
                 entry = await self._read(key, ident)  # a leader may have finished just now
                 if self._usable(entry, refresh):
-                    self._spawn_release(lock)
+                    self.tasks.spawn(release_quietly(self.link, lock), name="cluster:unlock")
                     return Lookup(entry) if self.ident(key) == ident else Lookup()
                 stale = self._stale(entry)  # read again: an answer since may have ended its window
                 return Lookup(flight=Flight(ident, lock), stale=stale if self.ident(key) == ident else None)
-            if not await self._lock_is_live(ident):
+            if not await lock_is_live(self.link, ident):
                 return Lookup(stale=stale) if self.ident(key) == ident else Lookup()
             try:
                 async with asyncio.timeout(timeout_s):
@@ -305,8 +314,9 @@ class Cluster:
             self.metrics.cluster_reads.labels("miss").inc()
             return None
         entry = decode(
+            self.keys,
             value,
-            key_digest(key),
+            self.digest(key),
             clock_now=self.clock(),
             wall_now=self.wall_clock(),
             max_ttl_ms=self.max_ttl_ms,
@@ -314,23 +324,27 @@ class Cluster:
             stale_if_error_ms=self.config.stale_if_error_ms(key.upstream),
             refresh_ahead=self.config.refresh_ahead(key.upstream),
         )
-        self.metrics.cluster_reads.labels("corrupt" if entry is None else "hit").inc()
-        if entry is None:
-            log.warning("shared tier: the value of %s is not a valid entry; treated as a miss", ident)
+        if isinstance(entry, str):
+            self.metrics.cluster_reads.labels(entry).inc()
+            log.warning("shared tier: the value of %s is %s; treated as a miss", ident, _WHY[entry])
+            return None
+        self.metrics.cluster_reads.labels("hit").inc()
         return entry
 
     async def _write(self, key: CacheKey, ident: str, entry: CacheEntry) -> bool:
         if not self.shares(key):
             return False  # an invalidation of it is waiting to get through
-        value, left_ms = encode(key_digest(key), entry, clock_now=self.clock(), wall_now=self.wall_clock())
+        value, left_ms = encode(self.keys, self.digest(key), entry, clock_now=self.clock(), wall_now=self.wall_clock())
         if left_ms <= 0:
             return False
         # Redis keeps it for as long as an entry may answer: its stale window too, if any.
         px = left_ms + self.config.stale_if_error_ms(key.upstream)
         try:
             await self.link.run("set", lambda: self.link.client.set(self.link.key("entry", ident), value, px=px))
-            if key.method == "resources/read" and isinstance(uri := uri_of(key), str):
-                await self.link.run("uris", lambda: self._note_uri(key.upstream, uri))
+            if key.method == "resources/read" and isinstance(uri := uri_of(key), str) and len(uri) <= MAX_URI_CHARS:
+                gone_at_ms = int(self.wall_clock() * 1000) + px
+                now_ms = int(self.wall_clock() * 1000)
+                await self.link.run("uris", lambda: self.uris.note(key.upstream, uri, gone_at_ms, now_ms=now_ms))
         except Unavailable:
             return False
         return True
@@ -355,56 +369,14 @@ class Cluster:
         except Unavailable:
             pass  # Redis is away: it expires by itself at the end of the window
 
-    async def _note_uri(self, upstream: str, uri: str) -> None:
-        """Add ``uri`` to the upstream's set of cached resource URIs (what its listen stream
-        subscribes to, whichever process holds it); the set lives as long as an entry can."""
-        name = self.link.key("uris", upstream)
-        async with self.link.client.pipeline(transaction=True) as pipe:
-            pipe.sadd(name, uri)
-            pipe.pexpire(name, self.max_ttl_ms)
-            await pipe.execute()
-
     async def cached_uris(self, upstream: str, limit: int) -> list[str]:
-        """Up to ``limit`` resource URIs some process cached for ``upstream`` (sorted).
+        """Up to ``limit`` resource URIs some process cached for ``upstream`` whose entries are
+        still in Redis (:meth:`UriIndex.read <gateway.cluster.uris.UriIndex.read>`).
 
         Raises:
             Unavailable: Redis is down or failed.
         """
-        name = self.link.key("uris", upstream)
-        raw: Any = await self.link.run("uris", lambda: self.link.client.srandmember(name, limit))
-        uris = []
-        for member in raw or ():
-            try:
-                uri = member.decode("utf-8") if isinstance(member, bytes) else None
-            except UnicodeDecodeError:
-                continue
-            # Only what a stored key could have held: anything else was written by someone else.
-            if uri is not None and len(uri) <= MAX_URI_CHARS and uri.isprintable() and ":" in uri:
-                uris.append(uri)
-        return sorted(uris)
-
-    async def _lock_is_live(self, ident: str) -> bool:
-        """Whether the key's lock is one a leader holds (it has an expiry); removes one that
-        has none (a value written over it) so that the next caller can lead."""
-        name = self.link.key("lock", ident)
-        try:
-            ttl = await self.link.run("lock", lambda: self.link.client.pttl(name))
-            if ttl == -1:
-                log.warning("shared tier: %s has no expiry (written over?); removed", name)
-                await self.link.run("lock", lambda: self.link.client.delete(name))
-                return False
-        except Unavailable:
-            return False
-        return True
-
-    def _spawn_release(self, lock: Lock) -> None:
-        async def release() -> None:
-            try:
-                await self.link.run("unlock", lock.release)
-            except (Unavailable, LockError):
-                pass
-
-        self.tasks.spawn(release(), name="cluster:unlock")
+        return await self.uris.read(upstream, limit, now_ms=int(self.wall_clock() * 1000))
 
     # -- invalidation --
 
@@ -424,21 +396,34 @@ class Cluster:
         self.tasks.spawn(self._spread_quietly(invalidation, reason), name="cluster:invalidate")
         return count
 
-    async def _spread_quietly(self, invalidation: Invalidation, reason: str) -> None:
-        count, _delivered = await self._spread(invalidation, reason)
+    async def _spread_quietly(self, invalidation: Invalidation, reason: str, *, echo: bool = False) -> None:
+        count, _delivered = await self._spread(invalidation, reason, echo=echo)
         if count and self.on_purged is not None:
             self.on_purged(count)
 
-    def _fields(self, invalidation: Invalidation) -> list[str]:
-        upstreams = self.config.upstreams if invalidation.upstream is None else (invalidation.upstream,)
-        methods = sorted(CACHEABLE_METHODS) if invalidation.methods is None else invalidation.methods
-        return [self._field(u, m) for u in upstreams for m in methods]
+    def _scope(self, invalidation: Invalidation) -> tuple[list[str], list[str]]:
+        """The (upstreams, methods) of this process's generations that ``invalidation`` touches."""
+        if invalidation.upstream is None:
+            upstreams = list(self.identities)
+        else:
+            upstreams = [invalidation.upstream] if invalidation.upstream in self.identities else []
+        methods = sorted(CACHEABLE_METHODS) if invalidation.methods is None else list(invalidation.methods)
+        return upstreams, [m for m in methods if m in CACHEABLE_METHODS]
 
-    async def _spread(self, invalidation: Invalidation, reason: str) -> tuple[int, bool]:
+    def _covers(self, generations: object, invalidation: Invalidation) -> bool:
+        """Whether an event's ``generations`` raised every generation of this process's
+        configuration that ``invalidation`` touches (else it came from a process configured
+        otherwise for that upstream, and this one raises its own: see :meth:`_event`)."""
+        upstreams, methods = self._scope(invalidation)
+        raised = generations if isinstance(generations, dict) else {}
+        return all(self._field(u, m) in raised for u in upstreams for m in methods)
+
+    async def _spread(self, invalidation: Invalidation, reason: str, *, echo: bool = False) -> tuple[int, bool]:
         """Raise the generations ``invalidation`` touches and tell every process; returns how
         many local entries went meanwhile (read back from Redis while the bump was on its way)
         and whether it got through (else it waits in the outbox, fenced)."""
-        delivered = await self.outbox.send(invalidation, reason, self._fields(invalidation))
+        upstreams, methods = self._scope(invalidation)
+        delivered = await self.outbox.send(invalidation, reason, upstreams, methods, echo=echo)
         return self.store.purge(invalidation, reason), delivered
 
     def _delivered(self, pending: Pending) -> None:
@@ -475,9 +460,14 @@ class Cluster:
             reason = event.get("reason")
             if invalidation is None or event.get("origin") == self.node_id:
                 return
-            count = self.store.purge(invalidation, reason if reason in _REASONS else "notification")
+            reason = reason if reason in _REASONS else "notification"
+            count = self.store.purge(invalidation, reason)
             if count and self.on_purged is not None:
                 self.on_purged(count)
+            if event.get("echo") is not True and not self._covers(event.get("generations"), invalidation):
+                # A process configured otherwise for the upstream raised its own generations, not
+                # this configuration's: raise ours too, or our shared entries would outlive the purge.
+                self.tasks.spawn(self._spread_quietly(invalidation, reason, echo=True), name="cluster:echo")
 
     def _lost(self, reason: str, *, quiet: bool = False) -> None:
         """The feed cannot vouch for the local tier any more: empty it, stop every wait."""
@@ -488,5 +478,8 @@ class Cluster:
         if not quiet:
             log.info("shared tier: %s; %d local entries dropped", reason, count)
 
+
+#: ``cluster_reads{result}`` outcome → what the log says of such a value.
+_WHY: Final = {"forged": "not MAC'd with this cluster's secret (forged, altered, another secret)", "corrupt": "invalid"}
 
 _REASONS: Final = frozenset({"purge", "notification", "stream_lost"})

@@ -39,19 +39,26 @@ MAX_PENDING: Final = 64
 
 @dataclass(slots=True)
 class Pending:
-    """An invalidation on its way: ``fields`` the generations it raises (``"<upstream> <method>"``),
-    ``generations`` their raised values once Redis took the raise (it is then only published)."""
+    """An invalidation on its way: the ``methods`` of ``upstreams`` whose generations it raises
+    (``fields``: their names, :meth:`~gateway.cluster.generations.Generations.field`),
+    ``generations`` their raised values once Redis took the raise (it is then only published).
+    ``echo``: raised for another configuration's invalidation of the same upstream (see
+    :meth:`gateway.cluster.node.Cluster._event`), which nobody echoes again."""
 
     invalidation: Invalidation
     reason: str
+    upstreams: list[str]
+    methods: list[str]
     fields: list[str]
     generations: dict[str, int] | None = None
+    echo: bool = False
 
 
 class Outbox:
-    """This process's invalidations on their way to the cluster (see the module). ``every_field``
-    is every generation there is (what an invalidation of everything raises); ``delivered(p)``
-    runs for each pending one that got through late (to drop what was stored meanwhile)."""
+    """This process's invalidations on their way to the cluster (see the module). ``scope(inv)``
+    is the (upstreams, methods) whose generations ``inv`` raises (for an invalidation of
+    everything: all of them); ``delivered(p)`` runs for each pending one that got through late
+    (to drop what was stored meanwhile)."""
 
     def __init__(
         self,
@@ -61,7 +68,7 @@ class Outbox:
         metrics: GatewayMetrics,
         *,
         origin: str,
-        every_field: list[str],
+        scope: Callable[[Invalidation], tuple[list[str], list[str]]],
         delivered: Callable[[Pending], None],
     ) -> None:
         self.link = link
@@ -69,7 +76,7 @@ class Outbox:
         self.feed = feed
         self.metrics = metrics
         self.origin = origin
-        self.every_field = every_field
+        self.scope = scope
         self._delivered = delivered
         self.pending: list[Pending] = []
         #: The fields of what waits: no shared entry of them is read or written here meanwhile.
@@ -80,11 +87,20 @@ class Outbox:
     def __len__(self) -> int:
         return len(self.pending)
 
-    async def send(self, invalidation: Invalidation, reason: str, fields: list[str]) -> bool:
-        """Raise ``fields`` and publish ``invalidation`` now; whether it got through. If not
+    def pending_for(
+        self, invalidation: Invalidation, reason: str, upstreams: list[str], methods: list[str], *, echo: bool = False
+    ) -> Pending:
+        """``invalidation`` as it waits: with the names of the generations it raises."""
+        fields = [self.generations.field(u, m) for u in upstreams for m in methods]
+        return Pending(invalidation, reason, upstreams, methods, fields, echo=echo)
+
+    async def send(
+        self, invalidation: Invalidation, reason: str, upstreams: list[str], methods: list[str], *, echo: bool = False
+    ) -> bool:
+        """Raise the ``methods`` of ``upstreams`` and publish ``invalidation`` now; whether it got through. If not
         (or the shared tier is not up: not tried), it is kept, fenced, and the shared tier is
         ``read_only`` (a refused or timed-out invalidation is a write that did not go through)."""
-        pending = Pending(invalidation, reason, fields)
+        pending = self.pending_for(invalidation, reason, upstreams, methods, echo=echo)
         if self.link.up and not self.pending and await self._try(pending, force=False):
             return True
         self._keep(pending)
@@ -106,7 +122,8 @@ class Outbox:
             purged = pending.reason == "purge" or any(p.reason == "purge" for p in self.pending)
             reason = "purge" if purged else pending.reason
             log.warning("shared tier: over %d invalidations waiting; merged into one of everything", MAX_PENDING)
-            self.pending = [Pending(Invalidation(), reason, list(self.every_field))]
+            everything = Invalidation()
+            self.pending = [self.pending_for(everything, reason, *self.scope(everything))]
         else:
             self.pending.append(pending)
         self._settle()
@@ -121,7 +138,7 @@ class Outbox:
         the shared tier ``read_only`` at once."""
         try:
             if pending.generations is None:
-                pending.generations = await self.generations.bump(pending.fields, force=force)
+                pending.generations = await self.generations.bump(pending.upstreams, pending.methods, force=force)
             await self.feed.publish(
                 {
                     "type": "invalidate",
@@ -129,6 +146,7 @@ class Outbox:
                     "reason": pending.reason,
                     "generations": pending.generations,
                     "origin": self.origin,
+                    "echo": pending.echo,
                 },
                 force=force,
             )

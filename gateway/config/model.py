@@ -4,6 +4,7 @@ checks (docs/configuration.md). Loading it from TOML is :mod:`.load`."""
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Annotated, Final
@@ -49,6 +50,8 @@ DEFAULT_BACKOFF_MAX_S: Final = 120.0
 DEFAULT_SERVER_NAMESPACE: Final = "local.mcp-gateway"
 DEFAULT_KEY_PREFIX: Final = "mcp-gateway"
 DEFAULT_REDIS_TIMEOUT_S: Final = 0.25
+#: Shortest ``[cluster].secret``, in bytes (UTF-8).
+MIN_CLUSTER_SECRET_BYTES: Final = 16
 
 UPSTREAM_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 #: What ``/v0.1/servers`` calls ``POST /mcp`` (after the namespace); no upstream may have it then.
@@ -242,6 +245,9 @@ class ClusterConfig(_Model):
     """Shared state on Redis: every replica and worker naming the same ``redis_url`` and
     ``key_prefix`` is one gateway (docs/replicas.md)."""
 
+    # The URL may hold a password and ``secret`` is one: no error message quotes what was given.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
     redis_url: str = Field(
         description="redis://[user:password@]host[:port][/db] or rediss:// for TLS; put a password "
         "in as ${ENV} (percent-encoded where it holds / @ : # ? or %). rediss:// takes the query "
@@ -259,6 +265,33 @@ class ClusterConfig(_Model):
         description="Bound on each Redis call (connect included), in seconds: past it the call is "
         "given up and the caller served without Redis.",
     )
+
+    secret: str | None = Field(
+        None,
+        repr=False,
+        validate_default=True,
+        description="Key of the HMAC-SHA256 on every value written to Redis, and of the digests "
+        f"naming each upstream's configuration there: at least {MIN_CLUSTER_SECRET_BYTES} bytes, "
+        'given as "${ENV}"; the same on every replica. Required unless redis_url\'s host is on '
+        "loopback (127.0.0.0/8, ::1, localhost); without it a fixed key is used, which does not "
+        "protect against anyone who can write to that Redis.",
+    )
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, value: str | None, info: ValidationInfo) -> str | None:
+        url = info.data.get("redis_url")
+        if value is None:
+            if isinstance(url, str) and not _on_loopback(url):
+                raise ValueError(
+                    "required when redis_url's host is not on loopback (127.0.0.0/8, ::1, localhost): "
+                    'set secret = "${ENV_NAME}" to a random value of at least '
+                    f"{MIN_CLUSTER_SECRET_BYTES} bytes, the same on every replica"
+                )
+            return None
+        if len(value.encode()) < MIN_CLUSTER_SECRET_BYTES:
+            raise ValueError(f"must be at least {MIN_CLUSTER_SECRET_BYTES} bytes long")
+        return value
 
     @field_validator("key_prefix")
     @classmethod
@@ -295,6 +328,17 @@ class ClusterConfig(_Model):
                 f"takes {', '.join(sorted(_TLS_QUERY_KEYS))}; {_ENCODE_HINT})"
             )
         return value
+
+
+def _on_loopback(url: str) -> bool:
+    """Whether the host of a Redis URL (already validated) is a loopback address or ``localhost``."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _ENCODE_HINT: Final = "percent-encode / @ : # ? and % in a password"

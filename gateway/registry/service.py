@@ -72,7 +72,9 @@ class Registry:
         self.invalidate: Callable[[Invalidation, str], int] | None = None
         self.cluster = cluster
         self.leases: Leases | None = None
-        self.mirror = RegistryMirror(cluster.link, self.state) if cluster is not None else None
+        self.mirror = (
+            RegistryMirror(cluster.link, self.state, cluster.identities, cluster.keys) if cluster is not None else None
+        )
         self._upstreams: Mapping[str, Upstream] = {}
         self._jobs: dict[str, list[asyncio.Task[None]]] = {}
 
@@ -114,6 +116,7 @@ class Registry:
             self.cluster.link,
             upstreams,
             self._lease_changed,
+            names={name: f"{name}:{self.cluster.identities[name]}" for name in upstreams},
             held_in_redis=lambda name, held: self.metrics.cluster_leases.labels(name).set(1 if held else 0),
         )
         self.tasks.spawn(self.leases.run(), name="registry:leases")

@@ -2,23 +2,32 @@
 
 The process that holds an upstream's lease (:mod:`gateway.cluster.lease`) probes it and holds its
 listen stream; every :data:`MIRROR_S` it writes that upstream's :class:`UpstreamState` to
-``<key_prefix>:registry:<name>``, and every other process copies it from there, so that
-``/v0.1/servers``, ``/registry/versions`` and ``/readyz`` say the same on every replica.
-Versions observed in real traffic by a process that is not the holder are posted to
-``<key_prefix>:observed:<name>`` (a set the holder empties into its own state). What is read
-back is validated (pydantic, against :class:`UpstreamState`); a value that does not validate
-is ignored, and the last good copy kept.
+``<key_prefix>:registry:<name>:<identity>`` (expiring :data:`STATE_TTL_S` after the last
+write), and every other process copies it from there, so that ``/v0.1/servers``,
+``/registry/versions`` and ``/readyz`` say the same on every replica configured alike for that
+upstream (``identity``: :meth:`~gateway.cluster.mac.Keys.identity`; a replica configured
+otherwise has its own holder and state). Versions observed in real traffic by a process that
+is not the holder are posted to ``<key_prefix>:observed:<name>:<identity>`` (a set the holder
+empties into its own state every :data:`MIRROR_S`; it expires :data:`STATE_TTL_S` after the
+last post, and a process posts only versions it had not seen, at most
+:data:`~.state.MAX_VERSIONS`). What is read
+back is checked: its HMAC-SHA256 first (the state is written as the MAC, 32 bytes, then the
+JSON; :mod:`gateway.cluster.mac`), then validated (pydantic, against :class:`UpstreamState`); a
+value that fails either is ignored (``cluster_errors{operation="forged_registry"}`` or
+``"corrupt_registry"``), and the last good copy kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any, Final
 
 from pydantic import TypeAdapter, ValidationError
 
 from ..cluster import RedisLink
+from ..cluster.mac import MAC_BYTES, Keys
 from ..codec import dumps
 from .state import MAX_VERSIONS, RegistryState, UpstreamState
 
@@ -38,9 +47,14 @@ _STATE: Final = TypeAdapter(UpstreamState)
 class RegistryMirror:
     """Writes and reads the shared copies of the registry's per-upstream state."""
 
-    def __init__(self, link: RedisLink, state: RegistryState) -> None:
+    def __init__(self, link: RedisLink, state: RegistryState, identities: Mapping[str, str], keys: Keys) -> None:
         self.link = link
         self.state = state
+        self.identities = identities
+        self.keys = keys
+
+    def _key(self, kind: str, name: str) -> str:
+        return self.link.key(kind, name, self.identities[name])
 
     async def publish(self, name: str) -> None:
         """Write ``name``'s state (the holder), after taking in the versions others observed.
@@ -49,7 +63,7 @@ class RegistryMirror:
             Unavailable: Redis is down or failed.
         """
         state = self.state.upstreams[name]
-        mailbox = self.link.key("observed", name)
+        mailbox = self._key("observed", name)
 
         async def take() -> list[Any]:
             async with self.link.client.pipeline(transaction=True) as pipe:
@@ -61,9 +75,10 @@ class RegistryMirror:
         for raw in await self.link.run("registry", take):
             if isinstance(raw, bytes):
                 self.state.observe(name, raw.decode("utf-8", "replace"))
-        value = dumps(_STATE.dump_python(state, mode="json"))
+        data = dumps(_STATE.dump_python(state, mode="json"))
+        value = self.keys.mac(data, "state") + data
         await self.link.run(
-            "registry", lambda: self.link.client.set(self.link.key("registry", name), value, px=int(STATE_TTL_S * 1000))
+            "registry", lambda: self.link.client.set(self._key("registry", name), value, px=int(STATE_TTL_S * 1000))
         )
 
     async def load(self, name: str) -> bool:
@@ -73,11 +88,16 @@ class RegistryMirror:
         Raises:
             Unavailable: Redis is down or failed.
         """
-        raw = await self.link.run("registry", lambda: self.link.client.get(self.link.key("registry", name)))
+        raw = await self.link.run("registry", lambda: self.link.client.get(self._key("registry", name)))
         if raw is None:
             return False
+        mac, data = (raw[:MAC_BYTES], raw[MAC_BYTES:]) if isinstance(raw, bytes) else (b"", b"")
+        if not self.keys.verify(data, mac, "state"):
+            self.link.metrics.cluster_errors.labels("forged_registry").inc()
+            log.warning("shared tier: the registry state of %s is not MAC'd with this cluster's secret; ignored", name)
+            return False
         try:
-            shared = _STATE.validate_json(raw)
+            shared = _STATE.validate_json(data)
         except ValidationError:
             self.link.metrics.cluster_errors.labels("corrupt_registry").inc()
             log.warning("shared tier: the registry state of %s does not validate; ignored", name)
@@ -95,4 +115,12 @@ class RegistryMirror:
         Raises:
             Unavailable: Redis is down or failed.
         """
-        await self.link.run("registry", lambda: self.link.client.sadd(self.link.key("observed", name), version))
+        mailbox = self._key("observed", name)
+
+        async def post() -> None:
+            async with self.link.client.pipeline(transaction=True) as pipe:
+                pipe.sadd(mailbox, version)
+                pipe.pexpire(mailbox, int(STATE_TTL_S * 1000))
+                await pipe.execute()
+
+        await self.link.run("registry", post)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -68,10 +68,18 @@ class RegistryViews:
     ``<server_namespace>/aggregate`` (:meth:`aggregate_entry`).
     """
 
-    def __init__(self, config: GatewayConfig, state: RegistryState, aggregate: AggregateListing | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        state: RegistryState,
+        aggregate: AggregateListing | None = None,
+        identities: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
         self.state = state
         self.aggregate = aggregate
+        #: With ``[cluster]``: each upstream's configuration digest (``configDigest``), by name.
+        self.identities = identities or {}
         settings = config.registry
         self.namespace = settings.server_namespace
         self.base_url = str(settings.public_base_url).rstrip("/") if settings.public_base_url else None
@@ -164,6 +172,9 @@ class RegistryViews:
                 "losses": listen.losses,
             },
         }
+        if state.name in self.identities:
+            # Replicas share this upstream's entries, probes and state only where these agree.
+            live["configDigest"] = self.identities[state.name]
         return {"server": server, "_meta": {LIVE_META_KEY: live}}
 
     def aggregate_entry(self, aggregate: AggregateListing, base: str) -> dict[str, Any]:
@@ -249,4 +260,8 @@ class RegistryViews:
         """``GET /registry/versions``: see :meth:`RegistryState.aggregate`."""
         if (denied := self._denied(request)) is not None:
             return denied
-        return _json(self.state.aggregate())
+        document = self.state.aggregate()
+        for name, one in document["upstreams"].items():
+            if name in self.identities:
+                one["configDigest"] = self.identities[name]
+        return _json(document)

@@ -352,7 +352,8 @@ class GatewayMetrics:
         )
         self.cluster_reads = Counter(
             "cluster_reads",
-            "Shared-tier lookups after a local miss, by result (hit, miss, corrupt, error).",
+            "Shared-tier lookups after a local miss, by result (hit, miss, forged: MAC wrong, corrupt: not a "
+            "valid entry, error).",
             ["result"],
             namespace=ns,
             registry=own,

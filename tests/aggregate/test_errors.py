@@ -3,6 +3,7 @@ per-upstream route held against the exposed names, and the routes around it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -10,9 +11,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.app import STORE
+
 from ..support import LEGACY_V, RunningGateway, StartGateway, V, mcp_headers, sentinel
 from ..support.fleet import Upstream, fetch_counts, fetch_requests
-from .conftest import agg, agg_url, aggregate_config, body_of, post, reset
+from .conftest import agg, agg_url, aggregate_config, body_of, exposed, names, post, reset
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -346,3 +349,27 @@ async def test_the_registry_lists_the_aggregate_as_one_more_server(
     remotes = [r["url"] for entry in listing["servers"] for r in entry["server"].get("remotes", [])]
     assert agg_url(gw) in remotes, remotes
     assert f"{gw.base_url}/servers/a/mcp" in remotes
+
+
+# -- a stored part that cannot be read ------------------------------------------------------------------
+
+
+async def test_a_member_whose_stored_part_does_not_parse_is_left_out_never_a_500(
+    gw: RunningGateway, http: aiohttp.ClientSession, public_up: Upstream, public_up_b: Upstream
+) -> None:
+    first = await agg(http, gw, "tools/list")
+    assert first.status == 200 and exposed("a", "add") in names(first.result), first.raw[:300]
+    store = gw.app[STORE]
+    keys = [k for k in store.keys() if (k.upstream, k.method) == ("a", "tools/list")]
+    assert len(keys) == 1, keys
+    for head, tail in ((b',"result":{"tools":[', b',"garbage}'), (b',"result":[1,', b"]}")):
+        # Not JSON, then JSON that is no result object: what a bug or a bad shared value could leave.
+        entry = store.get(keys[0])
+        assert entry is not None
+        store.put(keys[0], dataclasses.replace(entry, head=head, tail=tail, size=len(head + tail)))
+        reply = await agg(http, gw, "tools/list", id="after")
+        assert reply.status == 200, reply.raw[:300]
+        listed = names(reply.result)
+        assert exposed("b", "add") in listed and exposed("a", "add") not in listed, listed
+        assert reply.result["ttlMs"] == 0  # a partial answer
+        assert "detail=partial" in reply.cache_status, reply.cache_status

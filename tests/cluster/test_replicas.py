@@ -784,3 +784,28 @@ async def test_check_config_accepts_rediss_with_a_password_from_the_environment(
     )
     assert status == 0, output
     assert "s3cret" not in output
+
+
+async def test_check_config_names_cluster_secret_when_a_remote_redis_has_none_or_a_short_one_and_never_prints_it(
+    tmp_path: Path,
+) -> None:
+    remote = "rediss://redis.example:6380/0"
+    short, good = "short-secret-15", "a-secret-of-sixteen+"
+    cases = [
+        ({"redis_url": remote}, {}, 2),
+        ({"redis_url": "redis://10.1.2.3:6379/0"}, {}, 2),
+        ({"redis_url": GOOD_URL, "secret": "${CLUSTER_SECRET}"}, {"CLUSTER_SECRET": short}, 2),
+        ({"redis_url": remote, "secret": "${CLUSTER_SECRET}"}, {"CLUSTER_SECRET": short}, 2),
+        ({"redis_url": remote, "secret": "${CLUSTER_SECRET}"}, {"CLUSTER_SECRET": good}, 0),
+        ({"redis_url": "redis://localhost:6379/0"}, {}, 0),
+        ({"redis_url": "redis://127.8.9.10:6379/0"}, {}, 0),
+        ({"redis_url": "redis://[::1]:6379/0"}, {}, 0),
+    ]
+    done = await asyncio.gather(
+        *(check_config(write_config(tmp_path / f"s-{n}.toml", table), env) for n, (table, env, _) in enumerate(cases))
+    )
+    for (table, _, expected), (status, output) in zip(cases, done, strict=True):
+        assert status == expected, (table, output)
+        if expected:
+            assert "cluster.secret" in output, (table, output)
+        assert short not in output and good not in output, output

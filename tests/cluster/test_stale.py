@@ -13,8 +13,9 @@ import pytest
 from aiohttp import web
 
 from gateway.app import PROXY
-from gateway.cache import CacheKey, build_entry
+from gateway.cache import CacheEntry, CacheKey, build_entry
 from gateway.cluster.entries import decode, encode, key_digest
+from gateway.cluster.mac import Keys
 from tests.fleet_registry import wait_until
 from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
 from tests.support.redis import RedisServer
@@ -255,9 +256,14 @@ KEY = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
 def test_a_shared_entry_past_its_expiry_reads_back_only_within_its_stale_window() -> None:
     entry = build_entry(list_result(1, ttl_ms=1_000), 100.0, 3_600_000)
     assert entry is not None
-    value, _ = encode(key_digest(KEY), entry, clock_now=100.0, wall_now=5_000.0)
+    value, _ = encode(Keys(None), key_digest(KEY, "00" * 12), entry, clock_now=100.0, wall_now=5_000.0)
     bounds = {"clock_now": 0.0, "max_ttl_ms": 3_600_000, "max_entry_bytes": 1 << 20}
-    read = decode(value, key_digest(KEY), wall_now=5_003.0, stale_if_error_ms=5_000, **bounds)
-    assert read is not None and read.expires_at == -2.0 and read.keep_until == 3.0  # stale, never a hit
-    assert decode(value, key_digest(KEY), wall_now=5_003.0, **bounds) is None  # no window: gone
-    assert decode(value, key_digest(KEY), wall_now=5_006.5, stale_if_error_ms=5_000, **bounds) is None
+    read = decode(Keys(None), value, key_digest(KEY, "00" * 12), wall_now=5_003.0, stale_if_error_ms=5_000, **bounds)
+    assert isinstance(read, CacheEntry) and read.expires_at == -2.0 and read.keep_until == 3.0  # stale, never a hit
+    assert (
+        decode(Keys(None), value, key_digest(KEY, "00" * 12), wall_now=5_003.0, **bounds) == "corrupt"
+    )  # no window: gone
+    assert (
+        decode(Keys(None), value, key_digest(KEY, "00" * 12), wall_now=5_006.5, stale_if_error_ms=5_000, **bounds)
+        == "corrupt"
+    )

@@ -14,7 +14,8 @@ from aiohttp import web
 
 from gateway.app import CLUSTER, STORE
 from gateway.cache import CacheEntry, CacheKey, build_entry
-from gateway.cluster.entries import decode, encode, key_digest
+from gateway.cluster.entries import CORRUPT, FORGED, decode, encode, key_digest
+from gateway.cluster.mac import Keys
 from tests.fleet_registry import wait_until
 from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
 from tests.support.redis import RedisServer
@@ -72,17 +73,25 @@ def _entry(now: float, ttl_ms: int = 60_000) -> CacheEntry:
 
 KEY = CacheKey("a", "tools/list", b"{}", "2026-07-28", None)
 OTHER = CacheKey("a", "tools/list", b'{"cursor":"x"}', "2026-07-28", None)
+KEYS = Keys(None)
+IDENTITY = "00" * 12
 
 
 def test_an_entry_read_back_answers_as_the_one_stored_with_the_time_left() -> None:
     entry = _entry(100.0)
-    value, left_ms = encode(key_digest(KEY), entry, clock_now=110.0, wall_now=5_000.0)
+    value, left_ms = encode(KEYS, key_digest(KEY, IDENTITY), entry, clock_now=110.0, wall_now=5_000.0)
     assert left_ms == 50_000
     # Another process: another clock, the same wall clock 2 s later.
     read = decode(
-        value, key_digest(KEY), clock_now=7.0, wall_now=5_002.0, max_ttl_ms=3_600_000, max_entry_bytes=1 << 20
+        KEYS,
+        value,
+        key_digest(KEY, IDENTITY),
+        clock_now=7.0,
+        wall_now=5_002.0,
+        max_ttl_ms=3_600_000,
+        max_entry_bytes=1 << 20,
     )
-    assert read is not None
+    assert isinstance(read, CacheEntry)
     assert read.response(b'"x"', 7.0) == entry.response(b'"x"', 112.0)
 
 
@@ -100,21 +109,29 @@ def test_an_entry_read_back_answers_as_the_one_stored_with_the_time_left() -> No
     ],
 )
 def test_a_spoilt_value_is_a_miss(spoil: Any) -> None:
-    value, _ = encode(key_digest(KEY), _entry(100.0), clock_now=100.0, wall_now=5_000.0)
+    value, _ = encode(KEYS, key_digest(KEY, IDENTITY), _entry(100.0), clock_now=100.0, wall_now=5_000.0)
     bounds = {"clock_now": 0.0, "wall_now": 5_000.0, "max_ttl_ms": 3_600_000, "max_entry_bytes": 1 << 20}
-    assert decode(value, key_digest(KEY), **bounds) is not None
-    assert decode(spoil(value), key_digest(KEY), **bounds) is None
+    assert isinstance(decode(KEYS, value, key_digest(KEY, IDENTITY), **bounds), CacheEntry)
+    assert decode(KEYS, spoil(value), key_digest(KEY, IDENTITY), **bounds) in (FORGED, CORRUPT)
 
 
 def test_a_value_of_another_key_or_expired_or_over_the_bounds_is_a_miss() -> None:
-    value, _ = encode(key_digest(KEY), _entry(100.0, ttl_ms=10_000), clock_now=100.0, wall_now=5_000.0)
+    value, _ = encode(KEYS, key_digest(KEY, IDENTITY), _entry(100.0, ttl_ms=10_000), clock_now=100.0, wall_now=5_000.0)
     bounds = {"clock_now": 0.0, "max_entry_bytes": 1 << 20}
-    assert decode(value, key_digest(OTHER), wall_now=5_000.0, max_ttl_ms=3_600_000, **bounds) is None
-    assert decode(value, key_digest(KEY), wall_now=5_010.0, max_ttl_ms=3_600_000, **bounds) is None
-    assert decode(value, key_digest(KEY), wall_now=5_000.0, max_ttl_ms=5_000, **bounds) is None
+    assert decode(KEYS, value, key_digest(OTHER, IDENTITY), wall_now=5_000.0, max_ttl_ms=3_600_000, **bounds) == CORRUPT
+    assert decode(KEYS, value, key_digest(KEY, IDENTITY), wall_now=5_010.0, max_ttl_ms=3_600_000, **bounds) == CORRUPT
+    assert decode(KEYS, value, key_digest(KEY, IDENTITY), wall_now=5_000.0, max_ttl_ms=5_000, **bounds) == CORRUPT
     assert (
-        decode(value, key_digest(KEY), wall_now=5_000.0, max_ttl_ms=3_600_000, clock_now=0.0, max_entry_bytes=10)
-        is None
+        decode(
+            KEYS,
+            value,
+            key_digest(KEY, IDENTITY),
+            wall_now=5_000.0,
+            max_ttl_ms=3_600_000,
+            clock_now=0.0,
+            max_entry_bytes=10,
+        )
+        == CORRUPT
     )
 
 
@@ -322,9 +339,9 @@ async def test_a_purge_after_redis_was_flushed_and_a_replica_restarted_still_rea
     [
         ("DEL", "t:events"),
         ("SET", "t:events", "x"),
-        ("SET", "t:generations", "x"),
-        ("HSET", "t:generations", "a tools/list", "9223372036854775807"),
-        ("HSET", "t:generations", "a tools/list", "not a number"),
+        ("SET", "{generations}", "x"),
+        ("HSET", "{generations}", "tools/list", "9223372036854775807"),
+        ("HSET", "{generations}", "tools/list", "not a number"),
     ],
     ids=["events-deleted", "events-a-string", "generations-a-string", "generation-huge", "generation-garbage"],
 )
@@ -336,7 +353,8 @@ async def test_a_purge_gets_through_after_the_shared_state_was_written_over(
     spoil: tuple[str, ...],
 ) -> None:
     versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
-    redis_server.command(*spoil)
+    generations = a.app[CLUSTER].generations.name("a")  # the hash of upstream a as both reach it
+    redis_server.command(*(part.replace("{generations}", generations) for part in spoil))
     await asyncio.sleep(0.5)  # the feeds notice what they can
     versioned.version = 2
     await purge(http, a)
@@ -371,3 +389,88 @@ async def test_a_lease_holder_whose_lease_was_taken_lets_go(redis_server: RedisS
         assert leases.doing["a"]
     finally:
         await link.close()
+
+
+# -- events and registry state are authenticated too -----------------------------------------------------------
+
+SECRET = "tier-tests-secret-0123456789abcdef"
+
+
+async def test_an_event_not_macd_with_the_secret_is_ignored_and_counted(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    import json
+
+    upstream = await start_upstream()
+    config = cluster_config(redis_server, upstream)
+    config["cluster"]["secret"] = SECRET
+    a, b = await start_gateway(config), await start_gateway(config)
+    await connected(a, b)
+    assert "stored" in (await call(http, a, 1))[1]
+    assert "detail=shared" in (await call(http, b, 2))[1]
+    purge_all = {"type": "invalidate", "invalidation": {"upstream": None, "methods": None, "uri": None}}
+    event = json.dumps({**purge_all, "reason": "purge", "generations": {}, "origin": "someone"})
+    for mac in (None, Keys(None).mac(event.encode(), "event"), Keys(SECRET).mac(event.encode(), "value")):
+        redis_server.command("XADD", "t:events", "*", "e", event, *(("m", mac) if mac is not None else ()))
+
+    def forged_events(gw: RunningGateway) -> float:
+        return gw.registry.get_sample_value("mcp_gateway_cluster_errors_total", {"operation": "forged_event"}) or 0.0
+
+    await wait_until(lambda: forged_events(a) == forged_events(b) == 3, what="three forged events counted on each")
+    for n, gw in enumerate((a, b)):
+        assert "detail=" not in (answer := await call(http, gw, f"after-{n}"))[1] and "hit" in answer[1], answer[1]
+
+
+async def test_registry_state_not_macd_with_the_secret_is_ignored_and_counted(redis_server: RedisServer) -> None:
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from gateway.cluster.link import RedisLink
+    from gateway.config import ClusterConfig
+    from gateway.registry.shared import RegistryMirror
+    from gateway.registry.state import RegistryState
+    from gateway.telemetry import GatewayMetrics
+
+    registry = CollectorRegistry()
+    link = RedisLink(ClusterConfig(redis_url=redis_server.url, key_prefix="t"), GatewayMetrics(registry))
+    link.mark(True)
+    identities = {"a": "cd" * 12}
+    try:
+        holder = RegistryMirror(link, RegistryState(["a"]), identities, Keys(SECRET))
+        holder.state.upstreams["a"].era = "modern"
+        await holder.publish("a")
+        reader = RegistryMirror(link, RegistryState(["a"]), identities, Keys(SECRET))
+        assert await reader.load("a") and reader.state.upstreams["a"].era == "modern"
+        name = f"t:registry:a:{identities['a']}"
+        genuine = redis_server.command("GET", name)
+        state = json.loads(genuine[32:])
+        forged = {**state, "era": "legacy"}
+        forged_json = json.dumps(forged).encode()
+        for value in (forged_json, Keys(None).mac(forged_json, "state") + forged_json, genuine[:32] + forged_json):
+            redis_server.command("SET", name, value, "PX", "60000")
+            assert not await reader.load("a")
+            assert reader.state.upstreams["a"].era == "modern"  # the last good copy kept
+        counted = registry.get_sample_value("mcp_gateway_cluster_errors_total", {"operation": "forged_registry"})
+        assert counted == 3
+    finally:
+        await link.close()
+
+
+async def test_every_generations_hash_expires_a_day_after_its_last_use(
+    redis_server: RedisServer, start_gateway: StartGateway, start_upstream: StartUpstream, http: aiohttp.ClientSession
+) -> None:
+    upstream = await start_upstream()
+    a = await start_gateway(cluster_config(redis_server, upstream))
+    await connected(a)
+    generations = a.app[CLUSTER].generations
+    name = generations.name("a")
+    day_ms = 86_400_000
+    assert 0 < redis_server.command("PTTL", name) <= day_ms  # set when it was loaded
+    redis_server.command("PEXPIRE", name, 5_000)
+    await purge(http, a)  # raised: used again
+    assert day_ms - 60_000 < redis_server.command("PTTL", name) <= day_ms
+    redis_server.command("PEXPIRE", name, 5_000)
+    await generations.touch()  # what every process does every hour
+    assert day_ms - 60_000 < redis_server.command("PTTL", name) <= day_ms
+    assert set(redis_server.command("HKEYS", name)) == {m.encode() for m in generations.methods}
