@@ -50,6 +50,7 @@ KNOWN_METRICS = {
     "mcp_gateway_cluster_reads_total",
     "mcp_gateway_cluster_leases_held",
     "mcp_gateway_cluster_invalidations_pending",
+    "mcp_gateway_listener_callers_dropped_total",
 }
 REQUIRED_ALERTS = {
     "MCPGatewayUpstreamDown",
