@@ -1,16 +1,14 @@
-"""Fixtures of the registry tests: servers started by a test, an HTTP client, real SDK and legacy upstreams."""
+"""Fixtures of the registry tests: servers started by a test and a legacy-only upstream (the HTTP
+client and the real SDK upstreams, ``public_up`` and ``changing_up``, are tests/conftest.py's)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
-import aiohttp
 import pytest
 
-from ..fleet_registry import (
-    run_legacy_server,
-)
-from ..support.fleet import Upstream, run_server
+from ..fleet_registry import run_legacy_server
+from ..support.fleet import Upstream
 from .harness import Servers, legacy_venv_or_skip
 
 
@@ -20,24 +18,6 @@ async def servers() -> AsyncIterator[Servers]:
     yield s
     for server in reversed(s.running):
         await server.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture(scope="module")
-def public_up() -> Iterator[Upstream]:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def changing_up() -> Iterator[Upstream]:
-    with run_server("changing_upstream") as up:
-        yield up
 
 
 @pytest.fixture(scope="module")
