@@ -13,9 +13,8 @@ from mcp import Client
 
 from gateway.app import REGISTRY
 
-from ..fleet_registry import LEGACY_PYTHON, run_legacy_server
 from ..support import LEGACY_V, RunningGateway, StartGateway, V
-from ..support.fleet import Upstream, free_port
+from ..support.fleet import LEGACY_PYTHON, Upstream, free_port, run_legacy_server
 from .conftest import FAST_REGISTRY, FEATURE_TOOLS, agg, agg_url, aggregate_config, eventually, exposed, names, reset
 
 pytestmark = pytest.mark.timeout(60)
