@@ -3,9 +3,10 @@ whose public answers depend on the caller's capabilities or ``Authorization``, a
 and one caller's cursor replayed by another.
 
 What must hold: a composed list or read goes only to callers whose members' answers would be the
-same (the key covers ``clientCapabilities`` and, with ``forward_authorization``, ``Authorization``:
-MCP 2026-07-28, server/utilities/caching, 'Cache Key'); a private part is asked of its member for
-every caller and never stored; a cursor of one caller's private list names no page of another's.
+same: beyond the method and params (MCP 2026-07-28, server/utilities/caching, 'Cache Key'), its
+key covers the caller's ``clientCapabilities`` and, with ``forward_authorization``, its
+``Authorization`` (docs/cache.md "What is stored"); a private part is asked of its member for every
+caller and never stored; a cursor of one caller's private list names no page of another's.
 """
 
 from __future__ import annotations

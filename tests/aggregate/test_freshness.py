@@ -3,10 +3,10 @@ member's part to age meanwhile, a member whose newer answer is private, a member
 ``max_inflight``) when ``/mcp`` asks.
 
 What must hold: a composed answer, and its stored entry, never say more ``ttlMs`` than its
-stalest part has left (MCP 2026-07-28, server/utilities/caching, 'Freshness Calculation'); a
-member's answer read through ``/mcp`` is its newest word on the key, on both routes (it ends an
-older entry's stale-if-error window); only a failed attempt backs a key off, not a member being
-busy. A fake clock moves the time; members are scripted in this process.
+stalest part has left (docs/aggregate.md "Hints"); a member's answer read through ``/mcp`` is
+its newest word on the key, on both routes (it ends an older entry's stale-if-error window); only
+a failed attempt backs a key off, not a member being busy. A fake clock moves the time; members
+are scripted in this process.
 """
 
 from __future__ import annotations

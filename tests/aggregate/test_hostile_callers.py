@@ -2,10 +2,12 @@
 keys, big numbers, lone surrogates, nesting thousands deep), ``params`` of the wrong shape,
 completion refs that name nothing, and requests without the token when ``[auth]`` is on.
 
-What must hold: a call reaches its member byte for byte but for the tool's name; an odd request
-is a 4xx with the caller's id (-32602, or -32700 where it cannot be parsed), never a 500, and
-reaches no member; with ``[auth]`` every request is a 401 before anything else is looked at, and
-the 401 tells nothing of the members.
+What must hold: a call reaches its member byte for byte but for the tool's name; arguments nested
+thousands deep are answered as on the member's own route (200, or 400 where parsing gives up),
+never a 500; ``params`` of the wrong shape (a 4xx) and completion refs of the wrong shape or
+naming nothing (-32602) carry the caller's id, are never a 500 and reach no member; with
+``[auth]`` every request is a 401 before anything else is looked at, and the 401 tells nothing of
+the members.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 own stream and the other's message).
 
 What must hold: a listening client is told of each change of a member's list once, per kind
-it asked for (MCP 2026-07-28, basic/patterns/subscriptions), and of nothing else. The members
-are real SDK servers (``changing_up`` adds a tool when asked); ``--workers 2`` runs the real
-command.
+it asked for, and of nothing else (docs/aggregate.md "``subscriptions/listen``"). The members
+are real SDK servers (``changing_up`` adds a tool when asked), but for the burst's scripted one;
+``--workers 2`` runs the real command.
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ class ScriptedMcp:
         async def send(message: dict[str, Any]) -> None:
             await resp.write(b"event: message\ndata: " + json.dumps(message).encode() + b"\n\n")
 
-        ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged"}
+        ack: dict[str, Any] = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged"}
         ack["params"] = {"_meta": meta, "notifications": control.filter}
         try:
             if self.ack_first:
