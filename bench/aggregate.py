@@ -1,4 +1,4 @@
-"""``make bench``'s aggregate part (issue 14): ``POST /mcp`` against the per-upstream route.
+"""``make bench``'s aggregate part: ``POST /mcp`` against the per-upstream route.
 
 One 1-worker gateway with two upstreams, ``a`` and ``b``, both on bench/run.py's 25-tool SDK
 upstream, and ``[aggregate] upstreams = ["a", "b"]``: its ``/mcp`` lists their 50 tools as

@@ -1,4 +1,4 @@
-"""``make bench``'s cluster part (issue 13): gateway replicas with ``[cluster]`` on one real Redis.
+"""``make bench``'s cluster part: gateway replicas with ``[cluster]`` on one real Redis.
 
 bench/run.py starts one ``redis-server`` (:func:`start_redis`: a free 127.0.0.1 port, persistence
 off) when the ``cluster`` part is on and stops it at the end. What is measured here:

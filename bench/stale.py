@@ -1,4 +1,4 @@
-"""``make bench``'s refresh part (issue 15): a hot key across many expiries, with and without
+"""``make bench``'s refresh part: a hot key across many expiries, with and without
 refresh-ahead.
 
 Usage as the upstream: python bench/stale.py serve PORT TTL_MS LATENCY_MS -> http://127.0.0.1:PORT/mcp

@@ -1,4 +1,5 @@
-"""Requests aiohttp's HTTP parser cannot parse, through ``mcp-gateway serve`` (issue 17).
+"""Requests aiohttp's HTTP parser cannot parse, through ``mcp-gateway serve``: a hostile caller
+must get a clear error that echoes none of its bytes, and cannot grow the logs without bound.
 
 aiohttp answers them itself, before any route: a plain-text 400 that quotes the offending bytes
 back (``Authorization`` included), and it logs them. The gateway answers each with a JSON-RPC

@@ -1,5 +1,5 @@
 """``mcp-gateway serve`` as operators start it: every start-up failure is one line on stderr and
-exit status 2 (issue 16), and ``--workers N`` holds its port like any other program.
+exit status 2, and ``--workers N`` holds its port like any other program.
 
 Each test runs the real command (``python -m gateway.cli serve``) in a process of its own.
 """

@@ -116,7 +116,7 @@ def test_check_config_exits_2_on_bad_toml_and_missing_file(tmp_path: Path) -> No
     assert run_cli("check-config", str(tmp_path / "nope.toml")).returncode == 2
 
 
-# -- what an unknown or bad key's message says (issue 16) -------------------------------------------------------
+# -- what an unknown or bad key's message says ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """``make demo`` and ``mcp-gateway demo`` on a port that is taken: the hint names what the user
-typed (issue 16)."""
+typed (the ``PORT=`` of make, or the ``--port`` of the command), so they can change it."""
 
 from __future__ import annotations
 

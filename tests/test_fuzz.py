@@ -624,7 +624,9 @@ def header_cases(draw: st.DrawFn) -> HeaderCase:
     return HeaderCase(method, name, tuple(lines[i] for i in order))
 
 
-#: Request headers the gateway passes upstream (README "What the gateway does to a request").
+#: Request headers the gateway passes upstream as they are (MCP 2026-07-28,
+#: basic/transports/streamable-http, 'Request Metadata': the routing headers reach the server;
+#: trace context too), besides every ``Mcp-Param-*``.
 FORWARDED_HEADERS = frozenset(
     h.lower().encode()
     for h in (

@@ -26,7 +26,6 @@ from aiohttp import web
 from gateway.app import STORE
 from gateway.sse import SSEParser
 
-from .fleet_registry import wait_until
 from .support import (
     FakeUpstream,
     StartGateway,
@@ -39,6 +38,7 @@ from .support import (
     sse_messages,
 )
 from .support.fleet import free_port
+from .support.polling import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

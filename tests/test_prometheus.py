@@ -1,5 +1,5 @@
 """A real Prometheus server, with the shipped scrape config and alert rules pointed at a running
-gateway, reads back the cache hits and misses the test drove (issue: monitoring), and sees the
+gateway, reads back the cache hits and misses the test drove, and sees the
 shared tier ([cluster]) go down with a real Redis, and the shipped alert on it pending."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``mcp-gateway serve --workers N``: one ``/metrics`` for the process group (issue 13).
+"""``mcp-gateway serve --workers N``: one ``/metrics`` for the process group.
 
 The gateway runs as operators run it, a real ``serve --workers 2`` process in front of a real SDK
 upstream (``public_upstream``); every request and every scrape is on a new connection, which

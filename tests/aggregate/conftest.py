@@ -1,4 +1,4 @@
-"""Fixtures and helpers of the tests of ``POST /mcp``, the fleet as one MCP server (issue 14).
+"""Fixtures and helpers of the tests of ``POST /mcp``, the fleet as one MCP server.
 
 The members are the real SDK servers of ``tests/servers/`` (one process per test module; their
 request counts and records are reset by each test that reads them) and, where a member has to
@@ -11,9 +11,11 @@ in-process (``start_gateway``, registry probes off unless a test turns them on).
 * ``paged_up``: ``tests/servers/paged_upstream.py``, whose ``tools/list`` comes in 3 pages.
 * :func:`agg`: one request to ``/mcp`` as a correct client writes it (routing headers from the
   body); :func:`post`: exact bytes and headers; :class:`Reply`: what came back.
+* ``redis``: a real Redis of the test, for ``[cluster]``.
+* Scripted members for the tests that attack ``/mcp`` are in :mod:`.scripted`.
 
-The expectations are the contract (/tmp/agg/CONTRACT.md, DESIGN "One endpoint for the fleet"),
-written here from it, not read from ``gateway.aggregate``.
+The expectations are what docs/aggregate.md says ``/mcp`` does, written here from it, not read
+from ``gateway.aggregate``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -28,6 +31,7 @@ import pytest
 
 from ..support import CLIENT_INFO_KEY, NAME_FIELD, RunningGateway, V, mcp_headers, wire
 from ..support.fleet import Upstream, fetch_counts, reset_counts, run_server
+from ..support.redis import RedisServer
 from ..support.reply import Reply
 
 SEP = "__"
@@ -84,6 +88,16 @@ def paged_up() -> Iterator[Upstream]:
     """``paged_upstream.py``: tools/list in 3 pages (3, 3, 2 tools), prompts/list in 3 pages."""
     with run_server("paged_upstream") as up:
         yield up
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real Redis of this test (as tests/cluster/conftest.py's ``redis_server``), for ``[cluster]``."""
+    server = RedisServer(tmp_path / "redis")
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 async def reset(*ups: Upstream) -> None:

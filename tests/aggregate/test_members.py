@@ -13,9 +13,8 @@ from mcp import Client
 
 from gateway.app import REGISTRY
 
-from ..fleet_registry import LEGACY_PYTHON, run_legacy_server
 from ..support import LEGACY_V, RunningGateway, StartGateway, V
-from ..support.fleet import Upstream, free_port
+from ..support.fleet import LEGACY_PYTHON, Upstream, free_port, run_legacy_server
 from .conftest import FAST_REGISTRY, FEATURE_TOOLS, agg, agg_url, aggregate_config, eventually, exposed, names, reset
 
 pytestmark = pytest.mark.timeout(60)
@@ -77,7 +76,8 @@ async def test_a_legacy_member_is_still_served_on_its_own_route(gw: RunningGatew
 async def test_a_dead_member_is_logged_once_not_on_every_list(
     start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Issue 17: a flood writes bounded log volume. Every /mcp list meets the dead member again.
+    # A flood writes bounded log volume: every /mcp list meets the dead member again, and the log
+    # says so once (docs/aggregate.md "Partial outage": at most once per member every 10 s).
     await reset(public_up)
     gw = await start_gateway(aggregate_config({"a": public_up, "d": f"http://127.0.0.1:{free_port()}/mcp"}))
     with caplog.at_level(logging.INFO, logger="mcp_gateway.aggregate"):

@@ -22,9 +22,9 @@ from gateway.app import REGISTRY
 from gateway.config import ConfigError, load_config, parse_config
 from gateway.registry import LIVE_META_KEY
 
-from ..fleet_registry import LEGACY_PYTHON, run_legacy_server, wait_until
 from ..support import RunningGateway, StartGateway
-from ..support.fleet import Upstream
+from ..support.fleet import LEGACY_PYTHON, Upstream, run_legacy_server
+from ..support.polling import wait_until
 from .conftest import agg, aggregate_config, exposed, names
 
 pytestmark = pytest.mark.timeout(60)

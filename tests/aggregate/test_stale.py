@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..support import FakeClock, FakeUpstream, RunningGateway, StartGateway, StartUpstream
 from .conftest import agg, aggregate_config, exposed_uri, names
-from .test_attacks_2 import member, result_of, tools_result
+from .scripted import member, result_of, tools_result
 
 pytestmark = pytest.mark.timeout(60)
 

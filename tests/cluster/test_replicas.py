@@ -1,4 +1,4 @@
-"""Many replicas, one gateway (docs/replicas.md, DESIGN "Many replicas, one cache: `[cluster]`").
+"""Many replicas, one gateway (docs/replicas.md).
 
 Real gateway processes (``mcp-gateway serve``, :mod:`tests.support.replicas`) name one real
 ``redis-server`` (:mod:`tests.support.redis`, a fresh one per test) in ``[cluster]``, in front of

@@ -16,8 +16,8 @@ from gateway.app import PROXY
 from gateway.cache import CacheEntry, CacheKey, build_entry
 from gateway.cluster.entries import decode, encode, key_digest
 from gateway.cluster.mac import Keys
-from tests.fleet_registry import wait_until
 from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
+from tests.support.polling import wait_until
 from tests.support.redis import RedisServer
 from tests.support.wire import list_result
 

@@ -24,8 +24,8 @@ from gateway.app import STORE, create_app
 from gateway.config import parse_config
 from gateway.telemetry import ACCESS_LOGGER, AccessLogHandler
 
-from ..fleet_registry import wait_until
 from ..support import FakeUpstream, StartUpstream, list_result, mcp_headers, rpc, sse_frame
+from ..support.polling import wait_until
 
 TOKEN = "gateway-token-0123456789"
 ADMIN = "admin-token-0123456789ab"

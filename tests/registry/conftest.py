@@ -7,8 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from ..fleet_registry import run_legacy_server
-from ..support.fleet import Upstream
+from ..support.fleet import Upstream, run_legacy_server
 from .harness import Servers, legacy_venv_or_skip
 
 

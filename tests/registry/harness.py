@@ -22,11 +22,9 @@ from gateway.registry import (
     RegistryState,
 )
 
-from ..fleet_registry import (
-    LEGACY_PYTHON,
-    ScriptedMcp,
-    V,
-)
+from ..support.fleet import LEGACY_PYTHON
+from ..support.scripted_mcp import ScriptedMcp
+from ..support.wire import V
 
 LEGACY_V = "2025-11-25"
 FUTURE_V = "2099-01-01"

@@ -18,12 +18,10 @@ from gateway.registry import (
     RESUBSCRIBE_AFTER_GRACEFUL_S,
 )
 
-from ..fleet_registry import (
-    FakeTime,
-    ScriptedMcp,
-    wait_until,
-)
+from ..support.clock import FakeTime
 from ..support.fleet import Upstream, add_tool, bump_resource
+from ..support.polling import wait_until
+from ..support.scripted_mcp import ScriptedMcp
 from .harness import (
     FAST,
     LIST_CHANGED,

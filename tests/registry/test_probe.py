@@ -1,5 +1,5 @@
 """Probes (gateway.registry.probe): the schedule and the verdicts, pure; the probe loop against
-scripted upstreams (tests/fleet_registry.py), with a fake ``sleep``/``rng`` where it waits.
+scripted upstreams (tests/support/scripted_mcp.py), with a fake ``sleep``/``rng`` where it waits.
 """
 
 from __future__ import annotations
@@ -26,13 +26,11 @@ from gateway.registry import (
 )
 from gateway.upstream import Upstream as GatewayUpstream
 
-from ..fleet_registry import (
-    RecordingSleep,
-    ScriptedMcp,
-    V,
-    wait_until,
-)
+from ..support.clock import RecordingSleep
 from ..support.fleet import free_port
+from ..support.polling import wait_until
+from ..support.scripted_mcp import ScriptedMcp
+from ..support.wire import V
 from .harness import (
     FAST,
     FUTURE_V,

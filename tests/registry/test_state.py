@@ -13,10 +13,7 @@ from gateway.registry import (
     UpstreamState,
 )
 
-from ..fleet_registry import (
-    V,
-)
-from ..support.wire import LEGACY_VERSIONS
+from ..support.wire import LEGACY_VERSIONS, V
 from .harness import (
     FUTURE_V,
     LEGACY_V,

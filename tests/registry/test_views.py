@@ -13,14 +13,10 @@ from gateway.registry import (
     LIVE_META_KEY,
 )
 
-from ..fleet_registry import (
-    ScriptedMcp,
-    V,
-    legacy_requests,
-    run_legacy_server,
-    wait_until,
-)
-from ..support.fleet import Upstream, free_port
+from ..support.fleet import Upstream, free_port, legacy_requests, run_legacy_server
+from ..support.polling import wait_until
+from ..support.scripted_mcp import ScriptedMcp
+from ..support.wire import V
 from .harness import (
     FAST,
     FUTURE_V,

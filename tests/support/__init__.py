@@ -4,10 +4,13 @@
   :func:`rpc`, :func:`mcp_headers`, the header sentinel, a reference SSE reader.
 * :mod:`.upstream`: :class:`FakeUpstream`, the one scriptable aiohttp upstream (served by the
   ``start_upstream`` fixture); each test writes its own handlers.
-* :mod:`.clock`: :class:`FakeClock`. :mod:`.running`: :class:`RunningGateway` (the
-  ``start_gateway`` fixture's value).
-* :mod:`.fleet`: the real SDK servers of ``tests/servers/``, run as subprocesses.
-  :mod:`.conformance`: the official conformance suite.
+* :mod:`.scripted_mcp`: :class:`ScriptedMcp`, a modern MCP upstream whose discover answer and
+  listen streams the test scripts (the registry tests).
+* :mod:`.clock`: :class:`FakeClock`, :class:`FakeTime` (a clock with a ``sleep``),
+  :class:`RecordingSleep`. :mod:`.polling`: :func:`wait_until`, a bounded poll.
+  :mod:`.running`: :class:`RunningGateway` (the ``start_gateway`` fixture's value).
+* :mod:`.fleet`: the real SDK servers of ``tests/servers/``, run as subprocesses (the legacy
+  one on the older SDK too). :mod:`.conformance`: the official conformance suite.
 * :mod:`.cache`, :mod:`.telemetry`: builders for the unit tests of those subpackages.
 
 The names most modules need are importable from here.

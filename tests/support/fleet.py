@@ -7,8 +7,9 @@
     counts = await fetch_counts(up.base_url)             # {"tools/list": 1, ...}
 
 Each server is ``python tests/servers/<script>.py PORT`` (this interpreter unless ``python=`` says
-otherwise) bound to 127.0.0.1; it is terminated (then killed if needed) and reaped on exit. Its
-stdout+stderr go to a temporary log file, included in the error if it does not start.
+otherwise; :class:`run_legacy_server` runs ``legacy_upstream.py`` on the older SDK) bound to
+127.0.0.1; it is terminated (then killed if needed) and reaped on exit. Its stdout+stderr go to a
+temporary log file, included in the error if it does not start.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ SERVERS_DIR = REPO_ROOT / "tests" / "servers"
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT = 20.0
 STOP_TIMEOUT = 5.0
+#: The Python of ``.tools/legacy-venv`` (made by ``scripts/install-tools.sh``), which runs
+#: ``tests/servers/legacy_upstream.py`` on the older SDK.
+LEGACY_PYTHON = REPO_ROOT / ".tools" / "legacy-venv" / "bin" / "python"
 
 
 #: Plain HTTP to 127.0.0.1, never through an http_proxy from the environment.
@@ -183,6 +187,19 @@ class run_server:  # used like a function: `with run_server("x") as up`
         await asyncio.to_thread(self._stop)
 
 
+class run_legacy_server(run_server):
+    """``run_server("legacy_upstream")`` under :data:`LEGACY_PYTHON` (the older SDK, mcp 1.30.0).
+
+    ``port`` may be one a stopped server just used (uvicorn binds with SO_REUSEADDR), which
+    ``run_server`` itself would refuse as taken.
+    """
+
+    def __init__(self, *, port: int | None = None) -> None:
+        super().__init__("legacy_upstream", python=LEGACY_PYTHON)
+        if port is not None:
+            self.port = port
+
+
 # -- test endpoints of the servers (see tests/servers/_common.py) ------------------------------
 
 
@@ -250,3 +267,10 @@ async def add_tool(base_url: str | Upstream, name: str | None = None) -> dict[st
 async def bump_resource(base_url: str | Upstream) -> dict[str, Any]:
     """changing_upstream only: change res://counter and publish resources/updated for it."""
     return dict(await _call("POST", f"{_base(base_url)}/_bump_resource"))
+
+
+async def legacy_requests(up: Upstream) -> list[dict[str, Any]]:
+    """What legacy_upstream.py recorded (see its docstring)."""
+    async with aiohttp.ClientSession() as session, session.get(f"{up.base_url}/_requests") as resp:
+        resp.raise_for_status()
+        return list(await resp.json())

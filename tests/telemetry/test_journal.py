@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.telemetry import BATCH_DELAY_S, BATCH_RECORDS, AccessLogHandler, RequestJournal, RequestMetrics
 
-from ..fleet_registry import wait_until
+from ..support.polling import wait_until
 from ..support.telemetry import RECORD, REQUEST_FIELDS, VALUES, lines_of, record
 
 

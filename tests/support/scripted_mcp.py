@@ -1,15 +1,9 @@
-"""Helpers for the registry tests: the legacy upstream process and a scripted modern upstream.
+"""A small modern (2026-07-28) MCP upstream written with aiohttp, scripted by the test.
 
-* :class:`run_legacy_server` runs ``tests/servers/legacy_upstream.py`` (mcp 1.30.0) with the
-  Python of ``.tools/legacy-venv`` (made by ``scripts/install-tools.sh``); unlike
-  :class:`tests.support.fleet.run_server` it may restart on a port that was just used.
-* :class:`ScriptedMcp` is a small modern (2026-07-28) MCP upstream written with aiohttp: it
-  advertises the versions and capabilities the test sets, answers lists with public cache
-  hints, and serves ``subscriptions/listen`` streams the test drives (:class:`ListenControl`).
-* :func:`wait_until` polls a condition, bounded in time.
-* :class:`FakeTime` is a fake clock and a ``sleep`` for the gateway that move only when the test
-  moves them, so the registry's pauses take no real time; :class:`RecordingSleep` a ``sleep``
-  that only records the pauses asked for.
+:class:`ScriptedMcp` advertises the versions and capabilities the test sets, answers lists with
+public cache hints, and serves ``subscriptions/listen`` streams the test drives
+(:class:`ListenControl`). The registry tests use it where a real SDK server cannot be told what to
+advertise or when to notify; real SDK servers are in ``tests/servers/`` (see :mod:`.fleet`).
 """
 
 from __future__ import annotations
@@ -20,106 +14,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
-from .support.clock import FakeClock
-from .support.fleet import SERVERS_DIR, Upstream, run_server
+from .wire import V
 
-ROOT = SERVERS_DIR.parent.parent
-LEGACY_PYTHON = ROOT / ".tools" / "legacy-venv" / "bin" / "python"
-V = "2026-07-28"
 SUB_KEY = "io.modelcontextprotocol/subscriptionId"
 SERVER_INFO_KEY = "io.modelcontextprotocol/serverInfo"
-
-
-class run_legacy_server(run_server):
-    """``run_server("legacy_upstream")`` under ``.tools/legacy-venv/bin/python``.
-
-    ``port`` may be one a stopped server just used (uvicorn binds with SO_REUSEADDR), which
-    ``run_server`` itself would refuse as taken.
-    """
-
-    def __init__(self, *, port: int | None = None) -> None:
-        super().__init__("legacy_upstream", python=LEGACY_PYTHON)
-        if port is not None:
-            self.port = port
-
-
-async def legacy_requests(up: Upstream) -> list[dict[str, Any]]:
-    """What legacy_upstream.py recorded (see its docstring)."""
-    async with aiohttp.ClientSession() as session, session.get(f"{up.base_url}/_requests") as resp:
-        resp.raise_for_status()
-        return list(await resp.json())
-
-
-async def wait_until(
-    condition: Callable[[], Awaitable[bool]] | Callable[[], bool], *, limit_s: float = 10.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` every 20 ms until it is true; fail after ``limit_s`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while True:
-        outcome = condition()
-        if isinstance(outcome, Awaitable):
-            outcome = await outcome
-        if outcome:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {limit_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-class FakeTime(FakeClock):
-    """A :class:`FakeClock` with a ``sleep``, for ``create_app(clock=..., sleep=...)``: time moves
-    only by :meth:`advance`.
-
-    ``sleep(s)`` returns once the clock has moved ``s`` seconds past the call. A test first waits
-    until the code is asleep (:meth:`asleep`), then moves time, so no pause is missed.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._sleepers: list[tuple[float, float, asyncio.Future[None]]] = []
-
-    async def sleep(self, seconds: float) -> None:
-        entry = (self.now + seconds, seconds, asyncio.get_running_loop().create_future())
-        self._sleepers.append(entry)
-        try:
-            await entry[2]
-        finally:
-            self._sleepers.remove(entry)
-
-    async def asleep(self, seconds: float) -> None:
-        """Until some task sleeps for exactly ``seconds`` (polled, bounded like :func:`wait_until`)."""
-        await wait_until(
-            lambda: any(s == seconds and not f.done() for _, s, f in self._sleepers), what=f"a sleep of {seconds} s"
-        )
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock by ``seconds`` and end every sleep that is then due."""
-        super().advance(seconds)
-        for due, _, fut in self._sleepers:
-            if due <= self.now and not fut.done():
-                fut.set_result(None)
-
-
-class RecordingSleep:
-    """A fake ``sleep`` that records each delay in ``delays`` and returns at once; the
-    ``park_after``-th call sets ``enough`` and never returns (its caller waits until cancelled)."""
-
-    def __init__(self, *, park_after: int) -> None:
-        self.delays: list[float] = []
-        self.enough = asyncio.Event()
-        self._park_after = park_after
-
-    async def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
-        if len(self.delays) >= self._park_after:
-            self.enough.set()
-            await asyncio.Event().wait()  # park the caller until shutdown
-        await asyncio.sleep(0)
 
 
 @dataclass
@@ -236,7 +137,7 @@ class ScriptedMcp:
         async def send(message: dict[str, Any]) -> None:
             await resp.write(b"event: message\ndata: " + json.dumps(message).encode() + b"\n\n")
 
-        ack = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged"}
+        ack: dict[str, Any] = {"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged"}
         ack["params"] = {"_meta": meta, "notifications": control.filter}
         try:
             if self.ack_first:
