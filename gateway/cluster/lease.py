@@ -135,5 +135,5 @@ class Leases:
             elif self.link.up:
                 log.info("upstream %s: this replica probes it for the cluster", job)
             else:
-                log.info("upstream %s: probing it here (shared tier down)", job)
+                log.info("upstream %s: probing it here (shared tier %s)", job, self.link.state.replace("_", "-"))
             self._on_change(job, doing)

@@ -124,6 +124,8 @@ class RedisLink:
         self._known = False
         self._timeouts = 0
         self._writes_ok_since: float | None = None
+        #: Why writes were last found not to go through (logged when the state it caused shows).
+        self._refusal = ""
 
     def key(self, *parts: str) -> str:
         """The Redis key (or channel) ``<key_prefix>:<part>:<part>...``."""
@@ -201,6 +203,7 @@ class RedisLink:
     def _set_writable(self, writable: bool, reason: str | None = None) -> None:
         if not writable:
             self._writes_ok_since = None
+            self._refusal = reason or self._refusal
         if writable == self.writable:
             return
         self.writable = writable
@@ -226,11 +229,13 @@ class RedisLink:
             self._down_reason = reason or "down"
             log.warning("shared tier down (%s): serving from the local cache and the upstreams", self._down_reason)
         else:
-            self._down_reason = f"Redis refuses writes ({reason or 'refused before'})"
+            # A refusal found while the feed was down shows only when it reads again: its reason then.
+            why = reason or self._refusal or "a write did not go through"
+            self._down_reason = f"Redis refuses writes ({why})"
             log.warning(
                 "shared tier read-only (a write was refused: %s): invalidations cannot travel, so nothing is "
                 "cached here (every cacheable request goes upstream) until Redis takes writes again",
-                reason or "before",
+                why,
             )
         if self.on_change is not None and new != old:
             self.on_change(old, new, self._down_reason)

@@ -476,7 +476,7 @@ class Cluster:
         if count and self.on_purged is not None:
             self.on_purged(count)
         if not quiet:
-            log.info("shared tier: %s; %d local entries dropped", reason, count)
+            log.info("shared tier: %s; local entries dropped: %d", reason, count)
 
 
 #: ``cluster_reads{result}`` outcome → what the log says of such a value.
