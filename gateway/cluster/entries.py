@@ -6,20 +6,21 @@ that receives the caller's ``Authorization`` (such entries stay in the process t
 caller). It expires in Redis when it expires for the gateway, or for an upstream with
 ``stale_if_error_ms`` at the end of its stale window (read then only as a stale answer).
 
-Value layout (bytes): the header :data:`_FIELDS` (magic, the key's digest, expiry in wall-clock
-milliseconds since the epoch, the stored ``ttlMs``, the offset of the ``ttlMs`` value), the body
-(the rendered result with the ``ttlMs`` value cut out: ``CacheEntry.head + CacheEntry.tail``),
-then an HMAC-SHA256 of both (:mod:`gateway.cluster.mac`, keyed with ``[cluster].secret``). A
-value is served only if every part checks out, in this order: the MAC (else ``forged``: written
-by someone without the key, or altered), then the header's bounds, then the body, checked as
-the local tier checks an upstream's answer before storing it: a JSON-RPC result that
+Value layout (bytes): the header :data:`_FIELDS` (magic, the digest of the Redis key it is
+stored under (:func:`name_digest`: generation and cache key), expiry in wall-clock milliseconds
+since the epoch, the stored ``ttlMs``, the offset of the ``ttlMs`` value), the body (the
+rendered result with the ``ttlMs`` value cut out: ``CacheEntry.head + CacheEntry.tail``), then
+an HMAC-SHA256 of both (:mod:`gateway.cluster.mac`, keyed with ``[cluster].secret``). A value is
+served only if every part checks out, in this order: the MAC (else ``forged``: written by
+someone without the key, or altered), then the header's bounds, then the body, checked as the
+local tier checks an upstream's answer before storing it: a JSON-RPC result that
 :func:`~gateway.cache.store_outcome` stores, cut at its own ``ttlMs``. With simdjson (the
 ``speed`` extra) that check runs on the whole document without building it in Python
 (:func:`_storable`); without it, or for what simdjson cannot hold, the body is parsed and
 rendered again by :func:`~gateway.cache.build_entry`, and only the same bytes pass. Anything
-else is ``corrupt``. Both are misses, never an answer. For a 19 KB list the MAC takes about
-13 µs and the check about 15 µs (60 + 15 µs parsed and rendered again), once per entry read
-from Redis: it is then in the local tier.
+else is ``corrupt``. Both are misses, never an answer. For a 19 KB list the MAC takes about 13
+µs and the check about 15 µs (60 + 15 µs parsed and rendered again), once per entry read from
+Redis: it is then in the local tier.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ try:  # the ``speed`` extra: a value is checked without building its result in P
 except ImportError:  # pragma: no cover - exercised by forcing _PARSER to None
     simdjson = None  # type: ignore[assignment]
 
-__all__ = ["CORRUPT", "FORGED", "decode", "encode", "key_digest"]
+__all__ = ["CORRUPT", "FORGED", "decode", "encode", "key_digest", "name_digest"]
 
 #: Why a value was not used (``mcp_gateway_cluster_reads_total{result}``): its MAC is wrong ...
 FORGED: Final = "forged"
 #: ... or it is not an entry this gateway would serve (bounds, expiry, or the body).
 CORRUPT: Final = "corrupt"
 
-_MAGIC: Final = b"mcpg2"
+_MAGIC: Final = b"mcpg3"
 _FIELDS: Final = struct.Struct(">5s16sqqI")
 _RESULT: Final = b',"result":'
 _TTL_FIELD: Final = b'"ttlMs":'
@@ -66,6 +67,14 @@ def key_digest(key: CacheKey, identity: str) -> bytes:
             h.update(len(optional).to_bytes(4, "big"))
             h.update(optional)
     return h.digest()
+
+
+def name_digest(name: str) -> bytes:
+    """16 bytes naming the Redis key a value is stored under (``<generation>:<key digest>``), for
+    the value's header: the MAC covers the header, so a value copied under another key (the same
+    key digest under a later generation, to bring back an entry a purge put out of reach) does not
+    check out."""
+    return hashlib.blake2b(name.encode(), digest_size=16, person=b"mcp-gateway-name").digest()
 
 
 def encode(keys: Keys, digest: bytes, entry: CacheEntry, *, clock_now: float, wall_now: float) -> tuple[bytes, int]:

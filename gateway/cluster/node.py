@@ -67,7 +67,7 @@ from ..config import GatewayConfig
 from ..protocol import CACHEABLE_METHODS
 from ..tasks import CLOSE_TIMEOUT_S, BackgroundTasks
 from ..telemetry import GatewayMetrics
-from .entries import decode, encode, key_digest
+from .entries import decode, encode, key_digest, name_digest
 from .feed import Feed
 from .flight import Flight, Lookup, lock_is_live, release_quietly
 from .generations import TOUCH_S, Generations
@@ -316,7 +316,7 @@ class Cluster:
         entry = decode(
             self.keys,
             value,
-            self.digest(key),
+            name_digest(ident),
             clock_now=self.clock(),
             wall_now=self.wall_clock(),
             max_ttl_ms=self.max_ttl_ms,
@@ -334,7 +334,9 @@ class Cluster:
     async def _write(self, key: CacheKey, ident: str, entry: CacheEntry) -> bool:
         if not self.shares(key):
             return False  # an invalidation of it is waiting to get through
-        value, left_ms = encode(self.keys, self.digest(key), entry, clock_now=self.clock(), wall_now=self.wall_clock())
+        value, left_ms = encode(
+            self.keys, name_digest(ident), entry, clock_now=self.clock(), wall_now=self.wall_clock()
+        )
         if left_ms <= 0:
             return False
         # Redis keeps it for as long as an entry may answer: its stale window too, if any.

@@ -69,7 +69,8 @@ class QueueBudget:
             if waiter.done() and not waiter.cancelled():
                 self.release(size)  # granted just as it was given up
             else:
-                self._waiters.remove(entry)
+                if entry in self._waiters:  # else _wake took it off, cancelled, granting nothing
+                    self._waiters.remove(entry)
                 self._wake()  # a smaller waiter behind it may fit now
             raise
 
@@ -214,12 +215,19 @@ class CallerWriter:
 
 
 async def _drain(request: web.BaseRequest) -> None:
-    """Until the transport wants more (below its low-water mark again)."""
+    """Until the transport wants more (below its low-water mark again).
+
+    Raises:
+        ConnectionResetError: the connection was lost before the transport took the bytes: woken
+            by the loss while writing was still paused. Lost after writing resumed (a caller
+            that hung up once it had read the answer, in the same turn), it is no error here: at
+            most the low-water mark was left unsent, and the next write finds the caller gone.
+    """
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the caller went away")
     await request.writer.drain()
-    if request.transport is None:  # woken by the connection's loss, not by room
+    if request.transport is None and request.protocol.writing_paused:
         raise ConnectionResetError("the caller went away")
 
 

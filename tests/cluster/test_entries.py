@@ -21,7 +21,16 @@ from ..support.redis import RedisServer
 from ..support.replicas import Replicas
 from ..support.wire import mcp_headers, rpc
 from .conftest import StartReplicas
-from .test_replicas import KEY_PREFIX, call, cluster_config, direct_results, eventually, metric_on, without_ttl
+from .test_replicas import (
+    KEY_PREFIX,
+    call,
+    cluster_config,
+    direct_results,
+    eventually,
+    metric_on,
+    purge,
+    without_ttl,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -179,6 +188,33 @@ async def test_an_entry_with_a_valid_mac_and_a_body_the_cache_would_not_store_is
     await forged_entry_is_a_miss_everywhere(
         redis_server, start_replicas, http, public_up, spoil, secret=SECRET, outcome="corrupt"
     )
+
+
+async def test_an_entry_copied_under_the_generation_a_purge_raised_is_a_miss_counted_as_forged(
+    redis_server: RedisServer, start_replicas: StartReplicas, http: aiohttp.ClientSession, public_up: Upstream
+) -> None:
+    """Anyone who can write to Redis, without the secret, copies a purged entry's value under
+    the key of the generation the purge raised: no replica may answer from it (the value names
+    the key it was written under, and the MAC covers that)."""
+    config = cluster_config(redis_server, {"pub": public_up})
+    config["cluster"]["secret"] = "${MCP_GATEWAY_CLUSTER_SECRET}"
+    replicas = await start_replicas(config, 2, env=SECRET_ENV)
+    assert (await call(http, replicas.url(0, "pub"))).stored
+    old_key, value = await tools_list_entry(redis_server)
+    await purge(http, replicas, 0, upstream="pub", method="tools/list")
+    generation, digest = old_key.decode().rsplit(":", 2)[-2:]
+
+    generations = redis_server.scan_keys(f"{KEY_PREFIX}:generations:pub:*")
+    assert len(generations) == 1
+    new_generation = int(redis_server.command("HGET", generations[0], "tools/list"))
+    assert new_generation > int(generation)  # raised before the purge answered
+    new_key = f"{KEY_PREFIX}:entry:{new_generation}:{digest}"
+    assert redis_server.command("SET", new_key, value, "PX", 60_000)
+    answer = await call(http, replicas.url(1, "pub"), id_="after")  # it never held the entry
+    assert answer.status == 200, answer.raw[:300]
+    assert not answer.hit, answer.cache_status
+    counted = await metric_on(replicas, 1, "mcp_gateway_cluster_reads_total", result="corrupt")
+    assert counted is not None and counted >= 1
 
 
 # -- the value's checks, in-process ------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from gateway.app import PROXY
 
 from ..support import FakeUpstream, StartGateway, StartUpstream, mcp_headers, rpc, sse_frame
 from ..support.fleet import HOST, Upstream, run_server
+from ..support.polling import wait_until
 from ..support.replicas import Replicas
 
 #: The receive buffer of a caller that does not read (the kernel doubles it).
@@ -462,3 +463,53 @@ async def test_a_caller_that_hangs_up_right_after_the_last_event_is_a_499_never_
     hung_up = [(await by_status(upstream)).get("499", 0) for upstream in routes]
     assert sum(hung_up) >= 1, hung_up
     assert log.count("status=499") == sum(hung_up)  # the access log says so too
+
+
+def read_whole_answer(port: int, request: bytes) -> int:
+    """Send ``request``, read the answer to its last byte (by its Content-Length), then hang up
+    at once, as ``curl`` does; returns the bytes of body read."""
+    with socket.create_connection((HOST, port)) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        while len(body) < length:
+            chunk = sock.recv(1 << 20)
+            assert chunk, "the gateway closed before the end of the answer"
+            body += chunk
+        return len(body)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_caller_that_reads_a_large_hit_whole_and_hangs_up_at_once_is_recorded_as_answered(
+    large_up: Upstream, gateway_processes: list[Replicas], tmp_path: Path, loop: str
+) -> None:
+    """Its answer was written whole: a 200, never a 499 (the hang-up can land in the same turn of
+    the event loop as the transport taking the last bytes)."""
+    config = {"upstreams": {"big": {"url": large_up.url}}, "registry": {"enabled": False}}
+    gw = Replicas(config, 1, tmp_path / "gw", extra_args=("--loop", loop))
+    gateway_processes.append(gw)
+    await gw.start_all()
+    request = request_bytes(gw[0].port, "/servers/big/mcp", rpc("resources/read", 1, uri=LARGE_URI), LARGE_URI)
+    assert await asyncio.to_thread(read_whole_answer, gw[0].port, request) > LARGE_BYTES  # stored
+    rounds, together = 8, 8
+    tries = rounds * together
+    for _ in range(rounds):  # several at once: the gateway's loop then has several to write in a turn
+        read = await asyncio.gather(
+            *(asyncio.to_thread(read_whole_answer, gw[0].port, request) for _ in range(together))
+        )
+        assert min(read) > LARGE_BYTES
+
+    async def recorded(status: str) -> float:
+        return (
+            await gw.metric(0, "mcp_gateway_requests_total", method="resources/read", status=status, upstream="big")
+            or 0
+        )
+
+    async def all_recorded() -> bool:
+        return await recorded("200") + await recorded("499") == tries + 1
+
+    await wait_until(all_recorded, limit_s=10, what="every request recorded")
+    assert await recorded("499") == 0, gw.logs()

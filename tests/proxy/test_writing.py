@@ -45,3 +45,21 @@ async def test_a_writer_that_gives_up_waiting_for_room_lets_the_next_one_in() ->
     budget.release(10)
     budget.release(90)
     assert budget.queued == 0
+
+
+async def test_a_waiter_cancelled_just_before_room_is_released_is_neither_granted_nor_an_error() -> None:
+    """A caller that goes away while waiting for room, in the same turn as room is given back:
+    it gets nothing, it raises only its cancellation, and the room stays free."""
+    budget = QueueBudget(65536)
+    await budget.acquire(65536)
+    waiting = asyncio.ensure_future(budget.acquire(65536))
+    await settle()
+    waiting.cancel()
+    budget.release(65536)
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        pass
+    assert budget.queued == 0
+    await asyncio.wait_for(budget.acquire(65536), 5)  # the room is there for the next one
+    assert budget.queued == 65536
