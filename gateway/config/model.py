@@ -89,7 +89,8 @@ class ListenerConfig(_Model):
         ge=64 * 1024,
         description="Most bytes of answers handed to callers' connections and not yet taken by them, all "
         "connections of a process together (at most 64 KiB each, beyond what the connection itself "
-        "buffers), in bytes; a writer that finds no room waits for it, at most write_timeout_s.",
+        "buffers), in bytes; a writer that finds no room waits for it, at most write_timeout_s, while the "
+        "connection holding room that has taken nothing for the longest (1 s at least) is dropped to make room.",
     )
 
 

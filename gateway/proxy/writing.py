@@ -11,7 +11,10 @@ Three bounds, so that such a caller pins little memory and holds back no one:
   into a buffer of its own, so a large answer written in one go would be copied whole, per
   caller; the chunks are views of the stored bytes, shared by every connection sending them;
 * :class:`QueueBudget`: the chunks handed to all connections and not yet taken by them, at most
-  ``listener.max_queued_bytes`` together; a writer that cannot get room waits, within its deadline.
+  ``listener.max_queued_bytes`` together. A writer that cannot get room waits, within its
+  deadline; meanwhile the connection holding room that has taken nothing for the longest, and
+  for at least :data:`STALLED_S`, is dropped to make room: under that bound, callers that stop
+  reading give way to callers that read, rather than holding them back.
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ Piece = bytes | bytearray | memoryview
 
 #: The most bytes handed to a caller's transport at once (a view of the stored answer).
 CHUNK_BYTES: Final = 64 * 1024
-#: How often, as a fraction of the write deadline, a blocked write checks the caller's progress.
+#: How often, as a fraction of the write deadline (or of :data:`STALLED_S`, if shorter), a blocked
+#: write checks the caller's progress.
 _CHECKS_PER_DEADLINE: Final = 4
+#: A connection holding room in a full :class:`QueueBudget` that has taken no bytes for this long
+#: is dropped for a writer waiting for room, in seconds.
+STALLED_S: Final = 1.0
 
 
 class CallerGone(ConnectionResetError):
@@ -44,14 +51,28 @@ class CallerGone(ConnectionResetError):
         self.reason = reason
 
 
+class Hold:
+    """Room one writer holds in a :class:`QueueBudget`: ``progress`` is when its connection last
+    took bytes (loop time, seconds), ``drop()`` drops that connection."""
+
+    __slots__ = ("drop", "progress")
+
+    def __init__(self, progress: float, drop: Callable[[], None]) -> None:
+        self.progress = progress
+        self.drop = drop
+
+
 class QueueBudget:
     """Bytes queued for callers and not yet taken by them, across every connection of this
-    process: at most ``limit`` (bytes). Waiters are served in their order of arrival."""
+    process: at most ``limit`` (bytes). Waiters are served in their order of arrival; while one
+    waits, the holder (:class:`Hold`) that has taken no bytes for the longest, and for at least
+    :data:`STALLED_S`, is dropped to make room."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.queued = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self.holds: set[Hold] = set()
 
     async def acquire(self, size: int) -> None:
         """Take ``size`` bytes of room (at most ``limit``), waiting until there is some.
@@ -60,11 +81,16 @@ class QueueBudget:
         if not self._waiters and self.queued + size <= self.limit:
             self.queued += size
             return
-        waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
         entry = (size, waiter)
         self._waiters.append(entry)
         try:
-            await waiter
+            while not waiter.done():
+                self._drop_stalled(loop.time())
+                # asyncio.wait: a check that times out leaves the wait itself in place.
+                await asyncio.wait((waiter,), timeout=STALLED_S / 4)
+            waiter.result()
         except BaseException:
             if waiter.done() and not waiter.cancelled():
                 self.release(size)  # granted just as it was given up
@@ -78,6 +104,15 @@ class QueueBudget:
         """Give back ``size`` bytes taken with :meth:`acquire` (the same ``size``)."""
         self.queued -= min(size, self.limit)
         self._wake()
+
+    def _drop_stalled(self, now: float) -> None:
+        """Drop the holder that took no bytes for the longest, if for :data:`STALLED_S` at least
+        (its room comes back when its writer sees the connection gone)."""
+        stalled = [h for h in self.holds if now - h.progress >= STALLED_S]
+        if stalled:
+            hold = min(stalled, key=lambda h: h.progress)
+            self.holds.discard(hold)
+            hold.drop()
 
     def _wake(self) -> None:
         while self._waiters and self.queued + self._waiters[0][0] <= self.limit:
@@ -141,9 +176,9 @@ class CallerWriter:
         for piece in response.pieces:
             await self.write(request, response, piece)
         try:
-            await response.write_eof()
-        except ConnectionResetError as exc:
-            raise CallerGone(str(exc)) from None
+            await response.write_eof()  # a length-delimited answer: nothing is left to send
+        except ConnectionResetError:
+            pass  # the caller hung up once the transport had taken the whole answer: answered
         return response
 
     async def write(self, request: web.BaseRequest, out: web.StreamResponse, data: Piece) -> None:
@@ -163,15 +198,18 @@ class CallerWriter:
             except TimeoutError:
                 self._drop(request, "queue_full")
                 raise CallerGone(f"no room to queue an answer for {self.timeout_s:g} s", "queue_full") from None
+            hold = Hold(asyncio.get_running_loop().time(), lambda: self._drop(request, "queue_full"))
+            self.budget.holds.add(hold)
             try:
-                await self._progressing(request, out.write(chunk))
-                await self._progressing(request, _drain(request))
+                await self._progressing(request, out.write(chunk), hold)
+                await self._progressing(request, _drain(request), hold)
             finally:
+                self.budget.holds.discard(hold)
                 self.budget.release(size)
 
-    async def _progressing(self, request: web.BaseRequest, step: Awaitable[None]) -> None:
+    async def _progressing(self, request: web.BaseRequest, step: Awaitable[None], hold: Hold) -> None:
         """Await ``step`` (a write or a drain) for as long as the caller's transport keeps
-        taking bytes; drop the caller once it has taken none for ``timeout_s``."""
+        taking bytes (noted in ``hold``); drop the caller once it has taken none for ``timeout_s``."""
         transport = request.transport
         if transport is None or transport.is_closing():
             _close(step)
@@ -182,15 +220,17 @@ class CallerWriter:
         loop = asyncio.get_running_loop()
         last_size = transport.get_write_buffer_size()
         last_progress = loop.time()
+        # Often enough to tell a stalled holder (STALLED_S) from one that reads.
+        every_s = min(self.timeout_s, STALLED_S) / _CHECKS_PER_DEADLINE
         try:
             while True:
-                done, _ = await asyncio.wait((task,), timeout=self.timeout_s / _CHECKS_PER_DEADLINE)
+                done, _ = await asyncio.wait((task,), timeout=every_s)
                 if done:
                     break
                 size = transport.get_write_buffer_size()
                 now = loop.time()
                 if size < last_size:
-                    last_progress = now
+                    last_progress = hold.progress = now
                 last_size = size
                 if now - last_progress >= self.timeout_s:
                     self._drop(request, "write_timeout")

@@ -245,7 +245,8 @@ async def test_queued_bytes_stay_within_max_queued_bytes_and_a_writer_waits_for_
     large_up: Upstream, start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:
     # One chunk of room (64 KiB) for the whole gateway: a caller that never reads holds it until
-    # it is dropped; a reading caller behind it waits for the room, and then gets its whole answer.
+    # it is dropped (stalled, for the reader waiting for room); the reading caller behind it
+    # waits for the room, and then gets its whole answer.
     gw = await start_gateway(
         {
             "upstreams": {"big": {"url": large_up.url}},
@@ -267,7 +268,7 @@ async def test_queued_bytes_stay_within_max_queued_bytes_and_a_writer_waits_for_
             assert contents(await r.read()) == contents(whole)
     finally:
         stalled.close()
-    dropped = gw.registry.get_sample_value("mcp_gateway_listener_callers_dropped_total", {"reason": "write_timeout"})
+    dropped = gw.registry.get_sample_value("mcp_gateway_listener_callers_dropped_total", {"reason": "queue_full"})
     assert dropped == 1
 
 
@@ -513,3 +514,37 @@ async def test_a_caller_that_reads_a_large_hit_whole_and_hangs_up_at_once_is_rec
 
     await wait_until(all_recorded, limit_s=10, what="every request recorded")
     assert await recorded("499") == 0, gw.logs()
+
+
+async def test_callers_that_stop_reading_give_way_to_a_caller_that_reads_when_the_queue_is_full(
+    large_up: Upstream, gateway_processes: list[Replicas], tmp_path: Path
+) -> None:
+    """With ``max_queued_bytes`` held by connections that take nothing, a caller that reads is
+    answered whole at once (the stalled ones are dropped to make room), not after their
+    ``write_timeout_s``."""
+    write_timeout_s = 20.0
+    config = {
+        "upstreams": {"big": {"url": large_up.url}},
+        "listener": {"write_timeout_s": write_timeout_s, "max_queued_bytes": 1 << 20},  # 16 chunks
+        "registry": {"enabled": False},
+    }
+    gw = Replicas(config, 1, tmp_path / "gw")
+    gateway_processes.append(gw)
+    await gw.start_all()
+    port = gw[0].port
+    request = request_bytes(port, "/servers/big/mcp", rpc("resources/read", 1, uri=LARGE_URI), LARGE_URI)
+    assert await asyncio.to_thread(read_whole_answer, port, request) > LARGE_BYTES  # stored
+    callers = [non_reader(port, request) for _ in range(NON_READERS)]
+    try:
+        await poll(lambda: established(port) >= NON_READERS, limit_s=10, what="the callers connected")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        read = await asyncio.wait_for(asyncio.to_thread(read_whole_answer, port, request), write_timeout_s)
+        took = loop.time() - started
+        assert read > LARGE_BYTES
+        assert took < 5, f"a reader behind {NON_READERS} stalled callers took {took:.1f} s"
+    finally:
+        for sock in callers:
+            sock.close()
+    dropped = await gw.metric(0, "mcp_gateway_listener_callers_dropped_total", reason="queue_full")
+    assert dropped is not None and dropped >= 1
