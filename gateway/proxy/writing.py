@@ -170,14 +170,14 @@ class CallerWriter:
             response = PiecesResponse((body,), status=response.status, headers=headers)
         try:
             await response.prepare(request)
-        except ConnectionResetError as exc:
+        except ConnectionError as exc:
             raise CallerGone(str(exc)) from None
         response.pieces_written = True
         for piece in response.pieces:
             await self.write(request, response, piece)
         try:
             await response.write_eof()  # a length-delimited answer: nothing is left to send
-        except ConnectionResetError:
+        except ConnectionError:
             pass  # the caller hung up once the transport had taken the whole answer: answered
         return response
 
@@ -243,7 +243,7 @@ class CallerWriter:
             raise
         try:
             task.result()
-        except ConnectionResetError as exc:  # aiohttp's ClientConnectionResetError included
+        except ConnectionError as exc:  # aiohttp's ClientConnectionResetError and "Connection lost"
             raise CallerGone(str(exc)) from None
 
     def _drop(self, request: web.BaseRequest, reason: str) -> None:
@@ -255,20 +255,19 @@ class CallerWriter:
 
 
 async def _drain(request: web.BaseRequest) -> None:
-    """Until the transport wants more (below its low-water mark again).
+    """Until the transport wants more (below its low-water mark again), or the connection is
+    closed cleanly: the next write then finds the caller gone, and after the last one the answer
+    is out (a caller that hangs up as soon as it has read the answer closes in the same turn as
+    the transport takes the last bytes, and event loops differ in which they report first).
 
     Raises:
-        ConnectionResetError: the connection was lost before the transport took the bytes: woken
-            by the loss while writing was still paused. Lost after writing resumed (a caller
-            that hung up once it had read the answer, in the same turn), it is no error here: at
-            most the low-water mark was left unsent, and the next write finds the caller gone.
+        ConnectionError: the connection was lost with an error (a reset: what was queued for it
+            did not get out).
     """
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the caller went away")
     await request.writer.drain()
-    if request.transport is None and request.protocol.writing_paused:
-        raise ConnectionResetError("the caller went away")
 
 
 def _close(step: Awaitable[None]) -> None:
