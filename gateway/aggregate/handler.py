@@ -113,7 +113,9 @@ class Aggregate:
             if ex.large:
                 response = await proxy.send(ex, response)
         except asyncio.CancelledError:
-            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            # aiohttp cancels the handler of a caller that went away (after its whole answer
+            # was written, it went away at the end: answered)
+            ex.disconnected = not ex.written
             raise
         except Exception as exc:
             response = proxy.failed(ex, exc)

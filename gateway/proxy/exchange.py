@@ -63,6 +63,8 @@ class Exchange:
     ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
     answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected`` (the
     caller went away or was dropped before its answer was written whole: recorded as 499),
+    ``written`` (every byte of a large answer is with the transport: a cancellation after it,
+    the caller hanging up at the end, is no 499),
     ``leads`` (this request leads the coalesced misses on its key), ``flight`` (it leads them
     for the whole cluster too) and ``large`` (the answer's body is large enough to be written
     by ``Proxy.send``, in chunks under the write deadline).
@@ -86,6 +88,7 @@ class Exchange:
     entry: CacheEntry | None = None
     upstream_seconds: float | None = None
     disconnected: bool = False
+    written: bool = False
     leads: bool = False
     flight: Flight | None = None
     large: bool = False

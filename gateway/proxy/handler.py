@@ -135,7 +135,9 @@ class Proxy:
             if ex.large:
                 response = await self.send(ex, response)
         except asyncio.CancelledError:
-            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            # aiohttp cancels the handler of a caller that went away (after its whole answer
+            # was written, it went away at the end: answered)
+            ex.disconnected = not ex.written
             raise
         except Exception as exc:
             response = self.failed(ex, exc)
@@ -157,7 +159,9 @@ class Proxy:
             ex.detail = "legacy"
             response = await self.forwarder.forward(ex, "bypass")
         except asyncio.CancelledError:
-            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            # aiohttp cancels the handler of a caller that went away (after its whole answer
+            # was written, it went away at the end: answered)
+            ex.disconnected = not ex.written
             raise
         except Exception as exc:
             response = self.failed(ex, exc)
@@ -397,7 +401,7 @@ class Proxy:
         (:class:`~gateway.proxy.writing.CallerWriter`); returns what the handler returns. A
         caller that goes away or is dropped meanwhile sets ``ex.disconnected``."""
         try:
-            return await self.forwarder.writer.send(ex.request, response)
+            return await self.forwarder.writer.send(ex.request, response, written=ex)
         except CallerGone:
             ex.disconnected = True
             return response

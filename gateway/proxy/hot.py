@@ -125,7 +125,9 @@ class HotProxy(Proxy):
             if ex.large:  # Proxy.handle_post
                 response = await self.send(ex, response)
         except asyncio.CancelledError:
-            ex.disconnected = True  # aiohttp cancels the handler of a caller that went away
+            # aiohttp cancels the handler of a caller that went away (after its whole answer
+            # was written, it went away at the end: answered)
+            ex.disconnected = not ex.written
             raise
         except Exception as exc:
             response = self.failed(ex, exc)

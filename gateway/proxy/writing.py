@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Final
+from typing import Final, Protocol
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -40,6 +40,12 @@ _CHECKS_PER_DEADLINE: Final = 4
 #: A connection holding room in a full :class:`QueueBudget` that has taken no bytes for this long
 #: is dropped for a writer waiting for room, in seconds.
 STALLED_S: Final = 1.0
+
+
+class Written(Protocol):
+    """Told when the transport has every byte of an answer (``written = True``)."""
+
+    written: bool
 
 
 class CallerGone(ConnectionResetError):
@@ -154,9 +160,12 @@ class CallerWriter:
         self.budget = budget
         self.dropped = dropped
 
-    async def send(self, request: web.BaseRequest, response: web.StreamResponse) -> web.StreamResponse:
+    async def send(
+        self, request: web.BaseRequest, response: web.StreamResponse, *, written: Written | None = None
+    ) -> web.StreamResponse:
         """Write ``response`` whole (a :class:`PiecesResponse`, or a ``web.Response`` of ready
         bytes, which is sent as one of pieces) and return the response aiohttp is to finish.
+        ``written.written`` is set once the transport has every byte of it (before the last drain).
 
         Raises:
             CallerGone: the caller went away, or was dropped (see the class).
@@ -173,17 +182,22 @@ class CallerWriter:
         except ConnectionError as exc:
             raise CallerGone(str(exc)) from None
         response.pieces_written = True
-        for piece in response.pieces:
+        *pieces, last = response.pieces or (b"",)
+        for piece in pieces:
             await self.write(request, response, piece)
+        await self.write(request, response, last, written=written)
         try:
             await response.write_eof()  # a length-delimited answer: nothing is left to send
         except ConnectionError:
             pass  # the caller hung up once the transport had taken the whole answer: answered
         return response
 
-    async def write(self, request: web.BaseRequest, out: web.StreamResponse, data: Piece) -> None:
+    async def write(
+        self, request: web.BaseRequest, out: web.StreamResponse, data: Piece, *, written: Written | None = None
+    ) -> None:
         """Write ``data`` to the prepared ``out`` in chunks of at most :data:`CHUNK_BYTES`, each
-        within the budget and the write deadline.
+        within the budget and the write deadline; ``written.written`` is set once the transport
+        has the last chunk (before its drain).
 
         Raises:
             CallerGone: the caller went away, or was dropped (its connection is then aborted).
@@ -202,6 +216,8 @@ class CallerWriter:
             self.budget.holds.add(hold)
             try:
                 await self._progressing(request, out.write(chunk), hold)
+                if written is not None and start + CHUNK_BYTES >= len(view):
+                    written.written = True
                 await self._progressing(request, _drain(request), hold)
             finally:
                 self.budget.holds.discard(hold)
