@@ -34,6 +34,7 @@ __all__ = [
     "ParsedRequest",
     "decode_header_value",
     "encode_header_value",
+    "error_code",
     "method_label",
     "parse_request",
     "response_id_matches",
@@ -326,3 +327,17 @@ def response_id_matches(message: object, request_id: object) -> bool:
         and message.get("id") == request_id
         and type(message.get("id")) is type(request_id)
     )
+
+
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
+def error_code(message: object) -> int | None:
+    """The ``error.code`` of a JSON-RPC error response (JSON-RPC 2.0, §5.1: an integer), if it is
+    an integer (a bool is not) that fits a metric label and a log line (64 bits); else ``None``."""
+    if isinstance(message, dict) and isinstance(err := message.get("error"), dict):
+        code = err.get("code")
+        if type(code) is int and _INT64_MIN <= code <= _INT64_MAX:
+            return code
+    return None

@@ -42,10 +42,17 @@ from ..errors import (
     PayloadTooLarge,
     UnsupportedProtocolVersion,
 )
-from ..protocol import H_METHOD, MODERN_VERSIONS, NAME_FIELD, ParsedRequest, method_label, parse_request
+from ..protocol import (
+    H_METHOD,
+    MODERN_VERSIONS,
+    NAME_FIELD,
+    ParsedRequest,
+    error_code,
+    method_label,
+    parse_request,
+)
 from ..proxy import Proxy
 from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, hit_status
-from ..proxy.forward import error_code
 from ..registry import RegistryState
 from .compose import LIST_FIELDS, ComposedEntry, Part, discover_result, hints, page_of
 from .listen import FLAGS, ListenHub

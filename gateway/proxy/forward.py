@@ -38,7 +38,7 @@ from ..cluster import Cluster, Flight
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
-from ..protocol import H_NAME, encode_header_value, response_id_matches
+from ..protocol import H_NAME, encode_header_value, error_code, response_id_matches
 from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
@@ -47,26 +47,13 @@ from .fetch import fetch_answer
 from .stream import relay_stream
 from .writing import CallerWriter, QueueBudget
 
-__all__ = ["Forwarder", "error_code"]
+__all__ = ["Forwarder"]
 
 log = logging.getLogger("mcp_gateway.proxy")
 
 #: The ``cache_stores`` outcome (and ``Cache-Status`` detail) of a storable answer not stored
 #: because the shared tier is read-only (:mod:`gateway.cluster.link`).
 HELD: Final = "cluster_read_only"
-
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-
-
-def error_code(message: object) -> int | None:
-    """The ``error.code`` of a JSON-RPC error response, if it is an integer (a bool is not)
-    that fits a metric label and a log line (64 bits)."""
-    if isinstance(message, dict) and isinstance(err := message.get("error"), dict):
-        code = err.get("code")
-        if type(code) is int and _INT64_MIN <= code <= _INT64_MAX:
-            return code
-    return None
 
 
 class Forwarder:

@@ -20,10 +20,10 @@ import aiohttp
 from ..cache import Invalidation, invalidation
 from ..config import RegistryConfig
 from ..errors import GatewayError
-from ..protocol import MODERN_VERSION, MODERN_VERSIONS, response_id_matches
+from ..protocol import MODERN_VERSION, MODERN_VERSIONS, error_code, response_id_matches
 from ..sse import SSEParser
 from ..upstream import Upstream
-from .probe import Rng, backoff_delay, error_code, json_or_none, modern_headers, modern_request
+from .probe import Rng, backoff_delay, json_or_none, modern_headers, modern_request
 from .state import UpstreamState
 
 __all__ = ["LISTEN_RESYNC_S", "RESUBSCRIBE_AFTER_GRACEFUL_S", "ListenStream", "Sleep"]

@@ -33,6 +33,7 @@ from ..protocol import (
     MODERN_VERSION,
     MODERN_VERSIONS,
     PROTOCOL_VERSION_KEY,
+    error_code,
     response_id_matches,
 )
 from ..sse import SSEParser
@@ -124,15 +125,6 @@ def _server_info(value: object) -> Mapping[str, Any] | None:
 
 def _instructions(value: object) -> str | None:
     return value[:MAX_INSTRUCTIONS_CHARS] if isinstance(value, str) else None
-
-
-def error_code(message: object) -> int | None:
-    """The ``error.code`` of a JSON-RPC error response, else ``None``."""
-    if isinstance(message, dict) and isinstance(err := message.get("error"), dict):
-        code = err.get("code")
-        if isinstance(code, int) and not isinstance(code, bool):
-            return code
-    return None
 
 
 def classify_discover(status: int, message: object) -> ProbeResult | None:
