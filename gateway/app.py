@@ -16,13 +16,14 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .aggregate import ROUTE, Aggregate
 from .auth import bearer_matches
-from .cache import Clock, Invalidation, MemoryStore
+from .cache import Clock, Invalidation, MemoryStore, ReadThrough
 from .cluster import Cluster
 from .cluster.workers import WorkerBus
 from .config import GatewayConfig
-from .errors import GatewayError, NotFound, Unauthorized, error_response
+from .errors import BadGateway, GatewayError, GatewayTimeout, NotFound, Overloaded, Unauthorized, error_response
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
+from .proxy.pipeline import Pipeline
 from .registry import AggregateListing, Registry, RegistryViews
 from .telemetry import GatewayMetrics
 from .upstream import Upstream
@@ -79,13 +80,15 @@ def create_app(
     )
     upstreams: dict[str, Upstream] = {}
     cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None
-    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock, cluster)
     registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep, cluster=cluster)
-    proxy.on_success = registry.observe
+    readthrough = ReadThrough(
+        config, store, metrics, clock, failures=(BadGateway, GatewayTimeout), busy=(Overloaded,), shared=cluster
+    )
+    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, readthrough, metrics, on_success=registry.observe)
     # Invalidation beyond this process: through Redis to every replica (and worker) with
     # [cluster], and to the other workers of this group through the bus as well, so that a purge
     # reaches them even while Redis is down.
-    bus = WorkerBus(worker_bus, lambda inv, reason: _purged(store, proxy, inv, reason)) if worker_bus else None
+    bus = WorkerBus(worker_bus, lambda inv, reason: _purged(store, metrics, inv, reason)) if worker_bus else None
     local = cluster.invalidate_soon if cluster is not None else store.purge
 
     def invalidate_everywhere(invalidation: Invalidation, reason: str) -> int:
@@ -96,7 +99,7 @@ def create_app(
     registry.invalidate = invalidate_everywhere
     if cluster is not None:
         app[CLUSTER] = cluster
-        cluster.on_purged = lambda _count: proxy.update_size_gauges()
+        cluster.on_purged = lambda _count: _update_size_gauges(metrics, store)
 
         async def shared_tier(app: web.Application) -> AsyncIterator[None]:
             await cluster.start()
@@ -148,7 +151,7 @@ def create_app(
 
     async def drain_journal(app: web.Application) -> None:
         # The last requests' records, to the metrics and the access log before exit.
-        proxy.journal.drain()
+        proxy.pipeline.journal.drain()
 
     app.on_shutdown.append(close_streams)
     app.on_cleanup.append(drain_journal)
@@ -163,21 +166,21 @@ def create_app(
     # UPSTREAM_NAME_PATTERN: nothing in them needs escaping in a path.
     for name in config.upstreams:
         resource = app.router.add_resource(f"/servers/{name}/mcp")
-        resource.add_route("POST", functools.partial(proxy.handle_post, upstream_name=name))
+        resource.add_route("POST", functools.partial(proxy.pipeline.serve, proxy, name=name))
         for method in ("GET", "DELETE"):
-            resource.add_route(method, functools.partial(proxy.handle_stream, upstream_name=name))
+            resource.add_route(method, functools.partial(proxy.pipeline.serve, proxy.streams, name=name))
     for method in ("GET", "DELETE"):
         app.router.add_route(method, "/servers/{name}/mcp", proxy.handle_stream)
     app.router.add_post("/servers/{name}/mcp", proxy.handle_post)
     # The routes that tell about the fleet get the MCP routes' DNS-rebinding checks too (a page
     # re-resolved to a loopback listener must not read the registry); health ones need none.
-    guarded = functools.partial(_rebinding_checked, proxy)
+    guarded = functools.partial(_rebinding_checked, proxy.pipeline)
     app.router.add_get("/metrics", guarded(_metrics_view(config, make_aiohttp_handler(metrics.registry))))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     listing: AggregateListing | None = None  # POST /mcp in /v0.1/servers
     if config.aggregate is not None:
-        aggregate = Aggregate(config, proxy, registry.state)
+        aggregate = Aggregate(config, proxy, registry.state, metrics)
         listing = AggregateListing(ROUTE, aggregate.members, aggregate.names.separator, aggregate.active)
         store.on_purge = aggregate.hub.purged  # every invalidation in this process passes there
 
@@ -203,10 +206,15 @@ def create_app(
     return app
 
 
-def _purged(store: MemoryStore, proxy: Proxy, invalidation: Invalidation, reason: str) -> None:
+def _update_size_gauges(metrics: GatewayMetrics, store: MemoryStore) -> None:
+    metrics.cache_entries.set(len(store))  # FIXME(wiring): read at scrape time
+    metrics.cache_bytes.set(store.total_bytes)
+
+
+def _purged(store: MemoryStore, metrics: GatewayMetrics, invalidation: Invalidation, reason: str) -> None:
     """Another worker's invalidation, applied here."""
     if store.purge(invalidation, reason):
-        proxy.update_size_gauges()
+        _update_size_gauges(metrics, store)
 
 
 async def _no_aggregate(request: web.Request) -> web.Response:
@@ -217,14 +225,14 @@ async def _no_aggregate(request: web.Request) -> web.Response:
     )
 
 
-def _rebinding_checked(proxy: Proxy, handler: Handler) -> Handler:
+def _rebinding_checked(pipeline: Pipeline, handler: Handler) -> Handler:
     """``handler`` behind the MCP routes' ``Host`` and ``Origin`` checks (421 and 403, as JSON-RPC
-    errors: :meth:`~gateway.proxy.Proxy.check_host`, :meth:`~gateway.proxy.Proxy.check_origin`)."""
+    errors: :meth:`~gateway.proxy.pipeline.Pipeline.check_host`, :meth:`~.Pipeline.check_origin`)."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
         try:
-            proxy.check_host(request)
-            proxy.check_origin(request)
+            pipeline.check_host(request)
+            pipeline.check_origin(request)
         except GatewayError as err:
             return error_response(err)
         return await handler(request)
@@ -290,10 +298,10 @@ async def _purge(request: web.Request) -> web.Response:
     cluster = request.app.get(CLUSTER)
     if cluster is None:
         count = request.app[STORE].purge(invalidation, "purge")
-        request.app[PROXY].update_size_gauges()
+        _update_size_gauges(request.app[METRICS], request.app[STORE])
         return web.json_response({"purged": count})
     spread = await cluster.invalidate(invalidation, "purge")  # every replica, and the shared tier
-    request.app[PROXY].update_size_gauges()
+    _update_size_gauges(request.app[METRICS], request.app[STORE])
     if spread.delivered:
         return web.json_response({"purged": spread.count, "cluster": "done"})
     return web.json_response(

@@ -1,8 +1,8 @@
 """``POST /mcp``: the members of ``[aggregate]`` as one MCP server (docs/aggregate.md).
 
-Every check of the per-upstream route holds here first, in the same order (Host, Origin, the
+Served by the one pipeline of every MCP route (:mod:`gateway.proxy.pipeline`: Host, Origin, the
 body within its bounds, the token before any parse error is told, then the body against its
-headers: :mod:`gateway.proxy.handler`), against the names as the caller sent them. Then:
+headers), against the names as the caller sent them; this route supplies its steps. Then:
 
 * ``server/discover`` and the four lists are composed from the members' answers, each part
   looked up under the key the member's own route would use (:mod:`.parts`), the missing ones
@@ -22,19 +22,17 @@ methods are -32601 (HTTP 404).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from aiohttp import hdrs, web
 
 from .. import __version__
-from ..cache import CacheKey, build_entry, make_key
+from ..cache import CacheKey, CacheLookup, build_entry, make_key
 from ..codec import dumps
 from ..config import GatewayConfig
 from ..errors import (
     BadGateway,
-    GatewayError,
     InvalidParams,
     MethodNotAllowed,
     NotFound,
@@ -48,13 +46,12 @@ from ..protocol import (
     NAME_FIELD,
     ParsedRequest,
     error_code,
-    method_label,
-    parse_request,
 )
-from ..proxy import Proxy
 from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from ..registry import RegistryState
+from ..telemetry import GatewayMetrics
 from .compose import LIST_FIELDS, ComposedEntry, Part, discover_result, hints, page_of
+from .fleet import Fleet
 from .listen import FLAGS, ListenHub
 from .members import MemberCollector
 from .names import Names, quoted, read_cursor
@@ -71,25 +68,33 @@ MAX_LISTEN_BODY_BYTES: Final = 64 * 1024
 
 
 class Aggregate:
-    """Serves ``POST /mcp`` with ``proxy`` (its checks, cache and upstreams) and the registry's
-    ``state`` (which members are legacy-era, which can report list changes)."""
+    """``POST /mcp``, a :class:`~gateway.proxy.pipeline.Route`, served with ``fleet`` (the
+    pipeline, the cache and the members) and the registry's ``state`` (which members are
+    legacy-era, which can report list changes)."""
 
-    def __init__(self, config: GatewayConfig, proxy: Proxy, state: RegistryState) -> None:
+    reads_body = True
+
+    def __init__(self, config: GatewayConfig, fleet: Fleet, state: RegistryState, metrics: GatewayMetrics) -> None:
         settings = config.aggregate
         assert settings is not None
-        self.proxy = proxy
+        self.fleet = fleet
+        self.pipeline = fleet.pipeline
+        self.readthrough = fleet.readthrough
+        self.store = fleet.readthrough.store
         self.state = state
         self.members = config.aggregate_members()
         self.names = Names(self.members, settings.separator)
         self.page_size = settings.page_size
         self.max_member_pages = settings.max_member_pages
-        self.parts = PartFetcher(proxy)
-        self.collector = MemberCollector(proxy, self.parts, self.names, settings.max_member_pages)
+        self.parts = PartFetcher(fleet)
+        self.collector = MemberCollector(fleet.upstreams, metrics, self.parts, self.names, settings.max_member_pages)
         self.hub = ListenHub(self.members, settings.max_listen_streams, config.listener.write_timeout_s)
+        self.caching = config.cache.max_entries > 0
         #: The composed answer varies on whatever any of its parts varies on.
         self.vary = any(config.vary_on_capabilities(m) for m in self.members)
         self.forward_authorization = any(config.upstreams[m].forward_authorization for m in self.members)
         self.listening = config.registry.enabled and config.registry.listen
+        self.other_methods = OtherMethods()
 
     def active(self) -> list[str]:
         """The members served now: legacy-era members are left out (they have no ``_meta``)."""
@@ -99,66 +104,37 @@ class Aggregate:
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
         """``POST /mcp``."""
-        proxy = self.proxy
-        started = time.perf_counter()
-        ex = Exchange(request, ROUTE)
-        response: web.StreamResponse | None = None
-        try:
-            proxy.check_host(request)
-            proxy.check_origin(request)
-            self.check_listen_size(request)
-            ex.body = await proxy.read_body(request)
-            try:
-                parsed = parse_request(ex.body, request.headers)
-            except GatewayError as err:
-                proxy.check_auth(request, err.request_id)  # a caller without a token learns nothing
-                raise
-            ex.parsed = parsed
-            ex.method = method_label(parsed.method)
-            proxy.check_auth(request, parsed.request_id)
-            response = await self.answer(ex, parsed)
-            if ex.large:
-                response = await proxy.send(ex, response)
-        except asyncio.CancelledError:
-            # aiohttp cancels the handler of a caller that went away (after its whole answer
-            # was written, it went away at the end: answered)
-            ex.disconnected = not ex.written
-            raise
-        except Exception as exc:
-            response = proxy.failed(ex, exc)
-        finally:
-            proxy.record(ex, response, started, ROUTE)
-        return response
+        return await self.pipeline.serve(self, request, ROUTE)
 
-    def check_listen_size(self, request: web.Request) -> None:
+    async def handle_other(self, request: web.Request) -> web.StreamResponse:
+        """Any method but ``POST`` on ``/mcp`` (:class:`OtherMethods`)."""
+        return await self.pipeline.serve(self.other_methods, request, ROUTE)
+
+    # -- the route's steps --------------------------------------------------------------------
+
+    def admit(self, ex: Exchange) -> None:
         """A listen request (by its ``Mcp-Method``) over :data:`MAX_LISTEN_BODY_BYTES` is refused
         before its body is read, once the caller's token is checked (HTTP 413)."""
+        request = ex.request
         if (
             request.headers.get(H_METHOD) == "subscriptions/listen"
             and (request.content_length or 0) > MAX_LISTEN_BODY_BYTES
         ):
-            self.proxy.check_auth(request, None)
+            self.pipeline.authenticate(request, None)
             raise _listen_too_large(None)
 
-    async def handle_other(self, request: web.Request) -> web.Response:
-        """Any method but ``POST`` on ``/mcp``, after the same Host, Origin and token checks: a
-        modern-only endpoint has no stream to open (``GET``) or session to end (``DELETE``), so 405
-        with ``Allow: POST`` (MCP 2026-07-28, basic/transports/streamable-http) and a JSON-RPC body."""
-        proxy = self.proxy
-        started = time.perf_counter()
-        ex = Exchange(request, ROUTE, request.method)
-        try:
-            proxy.check_host(request)
-            proxy.check_origin(request)
-            proxy.check_auth(request, None)
-            raise MethodNotAllowed(f"{request.method} is not served on /mcp: it is a modern-only endpoint; POST")
-        except GatewayError as err:
-            response = proxy.error(ex, err)
-        proxy.record(ex, response, started, ROUTE)
-        return response
+    def resolve(self, ex: Exchange, request_id: object) -> None:
+        """``/mcp`` names no upstream: what a request names is resolved as it is answered."""
 
-    async def answer(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
+    def label(self, ex: Exchange) -> str:
+        return ROUTE
+
+    def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """Composed answers are looked up as they are composed (:meth:`answer`)."""
+
+    async def answer(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse:
         """Everything after the token check."""
+        assert parsed is not None
         if parsed.method == "initialize" and parsed.version in MODERN_VERSIONS:
             # Removed in 2026-07-28: well-formed but for its method, it is unknown (HTTP 404).
             raise NotFound("Method not found: initialize is not part of 2026-07-28", request_id=parsed.request_id)
@@ -228,7 +204,7 @@ class Aggregate:
         if method in NAME_FIELD:
             member_ex.mcp_name = own  # the spec requires Mcp-Name to equal the body's name
         try:
-            return await self.proxy.answer(member_ex, member_ex.parsed)
+            return await self.fleet.serve_member(member_ex)
         finally:
             ex.adopt(member_ex)
 
@@ -238,11 +214,11 @@ class Aggregate:
         so that a sub-resource a read returns can be read through ``/mcp`` too; stored as a
         composed answer of that one part. A JSON-RPC error of the member is relayed as it came."""
         key = ex.key = self.composed_key(ex, parsed)
-        store = self.proxy.store
+        store = self.store
         if key is not None:
             entry = store.get(key)
             if isinstance(entry, ComposedEntry) and entry.current(store.get):
-                return self.proxy.hit(ex, entry, collapsed=False)
+                return self.fleet.hit(ex, entry)
         assert ex.body is not None and parsed.params is not None
         body = replace_value(ex.body, ("params", "uri"), uri)
         params = {**parsed.params, "uri": uri}
@@ -250,17 +226,17 @@ class Aggregate:
             parsed.kind, parsed.request_id, parsed.method, parsed.era, parsed.version, params, parsed.cache_bypass
         )
         try:
-            part = await self.parts.fetch(self.proxy.upstreams[member], member_parsed, body, ex.request, uri)
+            part = await self.parts.fetch(self.fleet.upstreams[member], member_parsed, body, ex.request, uri)
         except MemberFailed as err:  # as on the member's own route: the caller's id, upstream-error
             err.request_id = parsed.request_id
             if isinstance(err, Overloaded):  # the gateway's own refusal, to be retried
                 err.headers["Retry-After"] = "1"
                 raise
-            ex.cache = ex.lookup = "miss"
+            ex.lookup = CacheLookup.MISS
             ex.fwd, ex.detail = "miss", "upstream-error"
             raise
         except MemberError as err:
-            ex.cache = ex.lookup = "miss"
+            ex.lookup = CacheLookup.MISS
             ex.fwd = "miss"
             ex.error_code = error_code(err.answer)
             ex.detail = "error"
@@ -315,7 +291,7 @@ class Aggregate:
     def composed_key(self, ex: Exchange, parsed: ParsedRequest) -> CacheKey | None:
         """The key of a composed answer (route ``/mcp``, the gateway's cursor included), varying
         on whatever a part varies on; ``None`` when nothing is cached."""
-        if not self.proxy.caching or parsed.cache_bypass is not None:
+        if not self.caching or parsed.cache_bypass is not None:
             return None
         authorization = ex.request.headers.get(hdrs.AUTHORIZATION, "") if self.forward_authorization else None
         try:
@@ -332,12 +308,12 @@ class Aggregate:
         list_fingerprint = None
         if method != "server/discover" and "cursor" in params:
             page, list_fingerprint = read_cursor(params["cursor"], parsed.request_id)
-        store = self.proxy.store
+        store = self.store
         key = ex.key = self.composed_key(ex, parsed)
         if key is not None:
             entry = store.get(key)
             if isinstance(entry, ComposedEntry) and entry.current(store.get):
-                return self.proxy.hit(ex, entry, collapsed=False)
+                return self.fleet.hit(ex, entry)
         members = self.active()
         lists = await asyncio.gather(*(self.collector.collect(name, ex, parsed) for name in members))
         if members and not any(got.parts for got in lists):
@@ -351,7 +327,7 @@ class Aggregate:
             result = discover_result(members, lists, self.names.separator, info)
         else:
             result = page_of(method, lists, page, list_fingerprint, self.page_size, parsed.request_id)
-        ttl_ms, scope = hints(parts, complete, self.proxy.clock())
+        ttl_ms, scope = hints(parts, complete, self.readthrough.clock())
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
         message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
         self._outcome(ex, parts, ttl_ms, complete, any(got.problem is not None for got in lists))
@@ -368,21 +344,45 @@ class Aggregate:
         when a failing member's expired entry stood in for it; else a miss ``detail=composed``;
         ``detail=partial`` when a member was left out or cut short (``left_out``)."""
         if complete and not any(part.fetched for part in parts):
-            ex.cache = ex.lookup = "hit"
+            ex.lookup = CacheLookup.HIT
             ex.hit = f"{hit_status(ttl_ms, False)}; detail=composed"
             return
         ex.fwd = "miss"
-        ex.cache = ex.lookup = "stale" if any(part.stale for part in parts) else "miss"
-        ex.detail = "partial" if left_out else "stale" if ex.cache == "stale" else "composed"
+        stale = any(part.stale for part in parts)
+        ex.lookup = CacheLookup.STALE if stale else CacheLookup.MISS
+        ex.detail = "partial" if left_out else "stale" if stale else "composed"
 
     def _store(self, ex: Exchange, key: CacheKey, message: dict[str, Any], parts: list[Part]) -> None:
-        proxy = self.proxy
-        rendered = build_entry(message, proxy.clock(), proxy.forwarder.max_ttl_ms)
-        if rendered is not None and rendered.size <= proxy.forwarder.max_entry_bytes:
+        through = self.readthrough
+        rendered = build_entry(message, through.clock(), through.max_ttl_ms)
+        if rendered is not None and rendered.size <= through.max_entry_bytes:
             entry = ComposedEntry.of(rendered, parts)
-            if proxy.store.put(key, entry):
+            if self.store.put(key, entry):
                 ex.stored_ttl_ms = entry.ttl_ms
-                proxy.update_size_gauges()
+
+
+class OtherMethods:
+    """Any method but ``POST`` on ``/mcp``, a :class:`~gateway.proxy.pipeline.Route`: after the
+    same Host, Origin and token checks, a modern-only endpoint has no stream to open (``GET``) or
+    session to end (``DELETE``), so 405 with ``Allow: POST`` (MCP 2026-07-28,
+    basic/transports/streamable-http) and a JSON-RPC body."""
+
+    reads_body = False
+
+    def admit(self, ex: Exchange) -> None:
+        """No body is read."""
+
+    def resolve(self, ex: Exchange, request_id: object) -> None:
+        """Nothing is named."""
+
+    def label(self, ex: Exchange) -> str:
+        return ROUTE
+
+    def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """Nothing to look up."""
+
+    async def answer(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse:
+        raise MethodNotAllowed(f"{ex.request.method} is not served on /mcp: it is a modern-only endpoint; POST")
 
 
 def _listen_too_large(request_id: object) -> PayloadTooLarge:

@@ -17,8 +17,8 @@ from typing import Final
 
 from ..codec import dumps
 from ..protocol import ParsedRequest, method_label
-from ..proxy import Proxy
 from ..proxy.exchange import Exchange
+from ..telemetry import GatewayMetrics
 from ..upstream import Upstream
 from .compose import LIST_FIELDS, MemberList, Part, exposed_items
 from .names import Names, quoted
@@ -37,9 +37,16 @@ class MemberCollector:
     """Collects members' parts through ``parts`` (:class:`~.parts.PartFetcher`), naming their
     items with ``names``."""
 
-    def __init__(self, proxy: Proxy, parts: PartFetcher, names: Names, max_member_pages: int) -> None:
-        self.upstreams: Mapping[str, Upstream] = proxy.upstreams
-        self.metrics = proxy.forwarder.metrics
+    def __init__(
+        self,
+        upstreams: Mapping[str, Upstream],
+        metrics: GatewayMetrics,
+        parts: PartFetcher,
+        names: Names,
+        max_member_pages: int,
+    ) -> None:
+        self.upstreams = upstreams
+        self.metrics = metrics
         self.parts = parts
         self.names = names
         self.max_member_pages = max_member_pages

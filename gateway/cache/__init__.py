@@ -3,7 +3,8 @@
 No aiohttp here. Modules, lower first: ``keys`` (what makes two requests one), ``policy`` (the
 storability decision, entries, invalidation by notification), ``store`` (the interface and the
 in-process store), ``stale`` (stale-if-error's backoff), ``coalesce`` (one upstream request per
-cold key).
+cold key), ``readthrough`` (the one way from a miss to an answer: coalescing, the shared tier,
+stale and backoff, the route's fetch, keeping the answer).
 """
 
 from .coalesce import Coalescer
@@ -14,12 +15,14 @@ from .policy import (
     STORED,
     CacheEntry,
     Invalidation,
+    StoreOutcome,
     build_entry,
     invalidation,
     lifetimes,
     store_outcome,
     uri_of,
 )
+from .readthrough import Answer, Cached, CacheLookup, Lead, ReadThrough, SharedTier
 from .stale import Backoff, Failed, Stale
 from .store import CacheStore, Clock, EvictionListener, MemoryStore
 
@@ -27,17 +30,24 @@ __all__ = [
     "REFRESH_FRACTION",
     "REFRESH_MIN_S",
     "STORED",
+    "Answer",
     "Backoff",
     "CacheEntry",
     "CacheKey",
+    "CacheLookup",
     "CacheStore",
+    "Cached",
     "Clock",
     "Coalescer",
     "EvictionListener",
     "Failed",
     "Invalidation",
+    "Lead",
     "MemoryStore",
+    "ReadThrough",
+    "SharedTier",
     "Stale",
+    "StoreOutcome",
     "build_entry",
     "canonical_json",
     "invalidation",

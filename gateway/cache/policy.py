@@ -16,6 +16,7 @@ import math
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final
 
 import orjson
@@ -29,6 +30,7 @@ __all__ = [
     "STORED",
     "CacheEntry",
     "Invalidation",
+    "StoreOutcome",
     "build_entry",
     "invalidation",
     "lifetimes",
@@ -36,7 +38,40 @@ __all__ = [
     "uri_of",
 ]
 
-STORED: Final = "stored"
+
+class StoreOutcome(StrEnum):
+    """What became of an answer to a cacheable request: the ``cache_stores`` label (its value)
+    and, when it was not stored, the ``Cache-Status`` ``detail`` (:attr:`detail`)."""
+
+    STORED = "stored"
+    #: Not HTTP 200.
+    STATUS = "status"
+    #: A JSON-RPC error, or no result.
+    ERROR = "error"
+    #: ``resultType`` absent or other than ``complete``.
+    INPUT_REQUIRED = "input_required"
+    #: ``cacheScope`` not exactly ``public``.
+    PRIVATE = "private"
+    #: ``ttlMs`` absent, not an integer, or not positive.
+    NO_TTL = "no_ttl"
+    #: Over ``max_entry_bytes``.
+    TOO_LARGE = "too_large"
+    #: Storable, but purged while on its way (it may be what the purge was for), or the store
+    #: refused it (expired on arrival, over ``max_bytes``).
+    REFUSED = "refused"
+    #: Storable, but the shared tier is read-only: nothing stored could be vouched for.
+    CLUSTER_READ_ONLY = "cluster_read_only"
+    #: A relayed SSE answer that ended without the response.
+    STREAM_BROKEN = "stream_broken"
+
+    @property
+    def detail(self) -> str:
+        """The ``Cache-Status`` ``detail`` form (RFC 9211 parameters use hyphens)."""
+        return _DETAILS[self]
+
+
+_DETAILS: Final = {outcome: outcome.value.replace("_", "-") for outcome in StoreOutcome}
+STORED: Final = StoreOutcome.STORED
 #: Refresh-ahead: an entry asked for in the last tenth of its lifetime is fetched again ...
 REFRESH_FRACTION: Final = 0.1
 #: ... or in its last second, whichever is longer (but never in the first half of its lifetime),
@@ -44,11 +79,11 @@ REFRESH_FRACTION: Final = 0.1
 REFRESH_MIN_S: Final = 1.0
 
 
-def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> str:
+def store_outcome(status: int, message: object, size: int, max_entry_bytes: int) -> StoreOutcome:
     """Decide whether an upstream answer may be stored.
 
     ``message`` is the parsed JSON-RPC response and ``size`` its serialised size in bytes.
-    Returns ``"stored"`` or the reason it may not be: ``status`` (not HTTP 200), ``error``
+    Returns :attr:`StoreOutcome.STORED` or the reason it may not be: ``status`` (not HTTP 200), ``error``
     (JSON-RPC error or not a result), ``input_required`` (``resultType`` absent or other than
     ``complete``), ``private`` (``cacheScope`` not exactly ``public``, absent included: schema
     ``CacheableResult`` requires it and MCP 2026-07-28, server/utilities/caching, 'Cache Scope
@@ -56,21 +91,21 @@ def store_outcome(status: int, message: object, size: int, max_entry_bytes: int)
     ``too_large`` (``size`` over ``max_entry_bytes``).
     """
     if status != 200:
-        return "status"
+        return StoreOutcome.STATUS
     if not isinstance(message, dict) or "error" in message:
-        return "error"
+        return StoreOutcome.ERROR
     result = message.get("result")
     if not isinstance(result, dict):
-        return "error"
+        return StoreOutcome.ERROR
     if result.get("resultType") != "complete":
-        return "input_required"
+        return StoreOutcome.INPUT_REQUIRED
     if result.get("cacheScope") != "public":
-        return "private"
+        return StoreOutcome.PRIVATE
     ttl = result.get("ttlMs")
     if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0:
-        return "no_ttl"
+        return StoreOutcome.NO_TTL
     if size > max_entry_bytes:
-        return "too_large"
+        return StoreOutcome.TOO_LARGE
     return STORED
 
 

@@ -1,9 +1,11 @@
 """The MCP routes ``/servers/{name}/mcp``.
 
 Modules, lower first: ``exchange`` (one request's state and its ``Cache-Status``), ``origin``
-(the ``Origin`` and ``Host`` rules against DNS rebinding), ``forward`` (to the upstream and
-back, storing what may be stored), ``handler`` (the plain path:
-validate, look up, answer), ``hot`` (the served proxy: the hit path's speed-ups, each beside
+(the ``Origin`` and ``Host`` rules against DNS rebinding), ``writing`` (writing to callers,
+bounded), ``fetch`` and ``stream`` (reading an upstream's answer whole, relaying an SSE one),
+``forward`` (to the upstream and back, keeping a miss's answer), ``pipeline`` (the one request
+pipeline of every MCP route: validate, authenticate, look up and answer, record), ``handler``
+(this route's steps, the plain path), ``hot`` (the served proxy: the hit path's speed-up, beside
 the plain method it must equal).
 """
 

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Final
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..cache import CacheEntry, CacheKey
-    from ..cluster import Flight
+    from ..cache import CacheKey, CacheLookup, Lead
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
@@ -56,18 +55,19 @@ class Exchange:
     ``upstream`` (once found), ``body`` (the raw request body, forwarded as it is), ``parsed``,
     ``key`` (the cache key, ``None`` when the cache is bypassed).
 
+    On the way: ``lead``, the read-through's handle of this request's fetch (a cache miss), which
+    keeps the answer (:meth:`~gateway.cache.Lead.keep`).
+
     Set on the way out, for the response and the request record: ``method`` (the metric
-    label), ``cache`` (``hit``, ``miss``, ``bypass``, ``stale``), ``lookup`` (``hit``, ``shared``,
-    ``miss``, ``coalesced``, ``stale``, ``bypass``; ``None`` if the cache was not asked), ``error_code`` (the JSON-RPC
-    error code answered), the ``Cache-Status`` parts (``hit``: the whole value of a hit;
-    ``fwd``, ``fwd_status``, ``stored_ttl_ms``, ``detail``), ``entry`` (what this request's
-    answer stored), ``upstream_seconds`` (the time the upstream took), ``disconnected`` (the
-    caller went away or was dropped before its answer was written whole: recorded as 499),
-    ``written`` (every byte of a large answer is with the transport: a cancellation after it,
-    the caller hanging up at the end, is no 499),
-    ``leads`` (this request leads the coalesced misses on its key), ``flight`` (it leads them
-    for the whole cluster too) and ``large`` (the answer's body is large enough to be written
-    by ``Proxy.send``, in chunks under the write deadline).
+    label), ``lookup`` (how the cache answered, :class:`~gateway.cache.CacheLookup`; ``None``
+    if it was not asked; the record's ``cache`` label follows from it), ``error_code`` (the
+    JSON-RPC error code answered), the ``Cache-Status`` (``hit``: the whole value of an answer
+    from an entry; else built from ``fwd``, ``fwd_status``, ``stored_ttl_ms`` and ``detail``),
+    ``upstream_seconds`` (the time the upstream took), ``disconnected`` (the caller went away or
+    was dropped before its answer was written whole: recorded as 499), ``written`` (every byte
+    of a large answer is with the transport: a cancellation after it, the caller hanging up at
+    the end, is no 499) and ``large`` (the answer's body is large enough to be written by
+    ``Pipeline.send``, in chunks under the write deadline).
 
     The defaults are class attributes: one exchange is built per request, and a hit sets few.
     """
@@ -77,31 +77,24 @@ class Exchange:
     parsed: ParsedRequest | None = None
     key: CacheKey | None = None
     method: str = "other"
-    cache: str = "bypass"
-    lookup: str | None = None
+    lookup: CacheLookup | None = None
     error_code: int | None = None
     hit: str | None = None
     fwd: str | None = None
     fwd_status: int | None = None
     stored_ttl_ms: int | None = None
     detail: str | None = None
-    entry: CacheEntry | None = None
     upstream_seconds: float | None = None
     disconnected: bool = False
     written: bool = False
-    leads: bool = False
-    flight: Flight | None = None
+    lead: Lead | None = None
     large: bool = False
     #: The ``Mcp-Name`` to send upstream in place of the caller's (``POST /mcp`` rewrites names).
     mcp_name: str | None = None
-    #: The store's purge count when the request went upstream (its answer is not stored after one).
-    purges: int | None = None
 
-    def __init__(self, request: web.Request, upstream_name: str, method: str = "other") -> None:
+    def __init__(self, request: web.Request, upstream_name: str) -> None:
         self.request = request
         self.upstream_name = upstream_name
-        if method != "other":
-            self.method = method
 
     @property
     def request_id(self) -> object:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from ..cache import StoreOutcome
 from ..errors import BadGateway
 from ..sse import SSEParser
 from ..upstream import Upstream
@@ -71,14 +72,14 @@ async def relay_stream(
     parser = SSEParser(upstream.config.max_response_bytes) if request_id is not None else None
     try:
         await out.prepare(ex.request)
-        if parser is not None and ex.key is not None:
+        if parser is not None and ex.lead is not None:
             final = await _relay_read_ahead(forwarder, ex, upstream, resp, out, parser, request_id)
         else:
             final = await _relay_paced(forwarder, ex, upstream, resp, out, parser, request_id)
         if parser is not None and final is None:
             await _end_unanswered(forwarder, ex, upstream, out, parser, request_id)
-        if ex.key is not None and final is None:
-            forwarder.metrics.cache_stores.labels(upstream.name, ex.method, "stream_broken").inc()
+        if ex.lead is not None and final is None:
+            forwarder.metrics.cache_stores.labels(upstream.name, ex.method, StoreOutcome.STREAM_BROKEN).inc()
         await out.write_eof()
     except ConnectionResetError:  # CallerGone, and aiohttp's own when the transport is closing
         ex.disconnected = True
@@ -91,8 +92,7 @@ def _found(
     """The final response arrived: stored, and the coalesced followers answered, before this
     caller has read it: a caller that stops reading holds back no one else."""
     forwarder.answered(ex, upstream, status, final)
-    if ex.key is not None:
-        forwarder.maybe_store(ex, upstream, status, final, size)
+    forwarder.keep(ex, status, final, size)
 
 
 async def _relay_paced(
@@ -196,7 +196,7 @@ async def _finish_for_followers(
     A cancellation meanwhile (aiohttp cancels the handler of a caller that went away) is held
     back until then, and raised after."""
     cancelled = False
-    if ex.leads and state.final is None:
+    if ex.lead is not None and ex.lead.leading and state.final is None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + upstream.config.timeout_s
         while not reader.done() and (left := deadline - loop.time()) > 0:

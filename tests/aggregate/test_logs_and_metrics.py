@@ -68,7 +68,7 @@ async def test_the_requests_mcp_sends_to_members_are_counted_in_the_upstream_dur
     assert (await agg(http, gw.url("a"), "tools/list")).status == 200  # the control: one on a's own route
 
     def counted(upstream: str) -> float:
-        gw.app[PROXY].journal.drain()
+        gw.app[PROXY].pipeline.journal.drain()
         labels = {"upstream": upstream, "method": "tools/list"}
         value = gw.registry.get_sample_value("mcp_gateway_upstream_request_duration_seconds_count", labels)
         return value or 0.0

@@ -120,7 +120,7 @@ async def test_a_refresh_ahead_is_shared_with_the_other_replicas(
 
 async def refreshed(gw: RunningGateway) -> None:
     """Until ``gw``'s refreshes ended (what they stored is shared in the background after)."""
-    await wait_until(lambda: not len(gw.app[PROXY].forwarder.refreshes), what="the refresh to end")
+    await wait_until(lambda: not len(gw.app[PROXY].readthrough.refreshes), what="the refresh to end")
 
 
 async def test_a_replica_that_never_had_the_entry_answers_stale_from_redis_when_the_upstream_fails(

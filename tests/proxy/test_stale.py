@@ -108,7 +108,7 @@ def sample(gw: RunningGateway, name: str, **labels: str) -> float:
 
 
 async def refreshes_done(gw: RunningGateway) -> None:
-    tasks = gw.app[PROXY].forwarder.refreshes
+    tasks = gw.app[PROXY].readthrough.refreshes
     for _ in range(500):
         if not len(tasks):
             return
@@ -166,6 +166,37 @@ async def test_a_failing_upstream_after_expiry_is_answered_stale(
     upstream.mode = mode
     fake_clock.advance(TTL_MS / 1000 + 0.2)
     assert_stale(await call(http, gw, id_=42), 42, 1)
+    assert upstream.count("tools/list") == 2
+
+
+async def test_a_busy_upstream_after_expiry_is_answered_stale_and_asked_again_as_soon_as_it_is_free(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    # At max_inflight the gateway does not ask the upstream: the same as a failure to fetch for
+    # the answer (the stale entry, as on /mcp), but no failure for the backoff.
+    upstream, _, gw = await start_env(max_inflight=1)
+    await call(http, gw)
+    release = asyncio.Event()
+
+    async def hang(request: web.Request, msg: Any) -> web.StreamResponse:
+        await release.wait()
+        answer = {"jsonrpc": "2.0", "id": msg["id"], "result": {"content": [], "resultType": "complete"}}
+        return web.json_response(answer)
+
+    upstream.handlers["tools/call"] = hang
+    fake_clock.advance(TTL_MS / 1000 + 0.2)
+    held = asyncio.create_task(
+        http.post(gw.url("up"), json=rpc("tools/call", name="slow"), headers=mcp_headers("tools/call", name="slow"))
+    )
+    for _ in range(500):
+        if upstream.count("tools/call"):
+            break
+        await asyncio.sleep(0.01)
+    assert_stale(await call(http, gw, id_="busy"), "busy", 1)
+    release.set()
+    (await held).release()
+    status, cache_status, _ = await call(http, gw, id_=3)
+    assert status == 200 and "fwd=miss" in cache_status  # asked again: no backoff after busy
     assert upstream.count("tools/list") == 2
 
 
@@ -470,7 +501,7 @@ async def test_hot_and_plain_paths_answer_alike_through_stale_answers_and_refres
             ) as r:
                 answers.append((r.status, [(k, v) for k, v in r.headers.items() if k != "Date"], await r.read()))
             for _ in range(500):
-                if not len(client.server.app[PROXY].forwarder.refreshes):
+                if not len(client.server.app[PROXY].readthrough.refreshes):
                     break
                 await asyncio.sleep(0.005)
         assert answers[0] == answers[1], (step, answers)
