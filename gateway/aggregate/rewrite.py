@@ -30,6 +30,28 @@ def _skip(text: str, at: int) -> int:
     return at
 
 
+def _value_end(text: str, at: int) -> int:
+    """Where the JSON value at ``text[at]`` ends. An array or object is walked with a depth
+    count, not decoded: the decoder recurses, and would give up on arguments nested deeper than
+    the interpreter's stack has room for here, which the member's own route forwards."""
+    if text[at] not in "[{":
+        return int(_DECODER.raw_decode(text, at)[1])
+    depth = 0
+    i = at
+    while True:
+        char = text[i]
+        if char == '"':
+            i = scanstring(text, i + 1)[1]
+            continue
+        if char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+
+
 def _members(text: str, at: int) -> Spans:
     """The members of the JSON object whose ``{`` is at ``text[at]``."""
     spans: Spans = {}
@@ -41,7 +63,7 @@ def _members(text: str, at: int) -> Spans:
         name, i = scanstring(text, i + 1)
         i = _skip(text, _skip(text, i) + 1)  # past the ':'
         value_start = i
-        _, i = _DECODER.raw_decode(text, i)
+        i = _value_end(text, i)
         spans[name] = (name_start, value_start, i)
         i = _skip(text, i)
         if text[i] != ",":
