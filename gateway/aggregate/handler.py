@@ -71,10 +71,11 @@ MAX_LISTEN_BODY_BYTES: Final = 64 * 1024
 
 
 class Aggregate:
-    """Serves ``POST /mcp`` with ``proxy`` (its checks, cache and upstreams) and the registry's
-    ``state`` (which members are legacy-era, which can report list changes)."""
+    """Serves ``POST /mcp`` with ``proxy`` (its checks, cache and upstreams), the registry's
+    ``state`` (which members are legacy-era, which can report list changes) and ``hub`` (the
+    listening clients: :meth:`ListenHub.of`, built before the store that tells it of purges)."""
 
-    def __init__(self, config: GatewayConfig, proxy: Proxy, state: RegistryState) -> None:
+    def __init__(self, config: GatewayConfig, proxy: Proxy, state: RegistryState, hub: ListenHub) -> None:
         settings = config.aggregate
         assert settings is not None
         self.proxy = proxy
@@ -85,7 +86,7 @@ class Aggregate:
         self.max_member_pages = settings.max_member_pages
         self.parts = PartFetcher(proxy)
         self.collector = MemberCollector(proxy, self.parts, self.names, settings.max_member_pages)
-        self.hub = ListenHub(self.members, settings.max_listen_streams, config.listener.write_timeout_s)
+        self.hub = hub
         #: The composed answer varies on whatever any of its parts varies on.
         self.vary = any(config.vary_on_capabilities(m) for m in self.members)
         self.forward_authorization = any(config.upstreams[m].forward_authorization for m in self.members)
@@ -382,7 +383,6 @@ class Aggregate:
             entry = ComposedEntry.of(rendered, parts)
             if proxy.store.put(key, entry):
                 ex.stored_ttl_ms = entry.ttl_ms
-                proxy.update_size_gauges()
 
 
 def _listen_too_large(request_id: object) -> PayloadTooLarge:

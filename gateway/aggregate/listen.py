@@ -4,7 +4,7 @@ No upstream stream is opened for a client. The registry holds one listen stream 
 one replica of a cluster), and every list change it hears reaches every process as an
 invalidation (:class:`~gateway.cache.Invalidation`, reason ``notification``; ``stream_lost`` when a
 stream ended without its result and changes may have been missed). The hub hears each one in
-this process (:attr:`~gateway.cache.MemoryStore.on_purge`) and tells each listening client that
+this process (the store's ``on_purge``: :class:`~gateway.cache.MemoryStore`) and tells each listening client that
 asked for that kind of change (MCP 2026-07-28, basic/patterns/subscriptions: the acknowledgement
 first, then only the notifications asked for, each with the listen request's id as
 ``subscriptionId``; the graceful end is the listen request's result).
@@ -20,6 +20,7 @@ from aiohttp import web
 
 from ..cache import CacheKey, Invalidation
 from ..codec import dumps
+from ..config import GatewayConfig
 from ..errors import Overloaded
 
 __all__ = ["KEEPALIVE_S", "ListenHub"]
@@ -80,8 +81,16 @@ class ListenHub:
         self.write_timeout_s = write_timeout_s
         self.clients: set[_Client] = set()
 
+    @classmethod
+    def of(cls, config: GatewayConfig) -> ListenHub:
+        """The hub of ``config``'s ``[aggregate]`` (which must be there): its members, its bound on
+        streams, the listener's write timeout (seconds)."""
+        settings = config.aggregate
+        assert settings is not None
+        return cls(config.aggregate_members(), settings.max_listen_streams, config.listener.write_timeout_s)
+
     def purged(self, predicate: Callable[[CacheKey], bool], reason: str) -> None:
-        """A :attr:`~gateway.cache.MemoryStore.on_purge` listener: a member's list changed."""
+        """A :class:`~gateway.cache.MemoryStore` ``on_purge`` listener: a member's list changed."""
         if reason not in _CHANGES or not self.clients:
             return
         # Anything but an Invalidation is "every entry": every list may have changed.

@@ -21,7 +21,7 @@ from .policy import (
     uri_of,
 )
 from .stale import Backoff, Failed, Stale
-from .store import CacheStore, Clock, EvictionListener, MemoryStore
+from .store import CacheStore, Clock, EvictionListener, MemoryStore, PurgeListener
 
 __all__ = [
     "REFRESH_FRACTION",
@@ -37,6 +37,7 @@ __all__ = [
     "Failed",
     "Invalidation",
     "MemoryStore",
+    "PurgeListener",
     "Stale",
     "build_entry",
     "canonical_json",
