@@ -1,4 +1,5 @@
-"""Request records for the telemetry tests (tests/telemetry/), and reading the access log back."""
+"""Request records for the telemetry tests (tests/telemetry/), reading the access log back, and
+the cache-size gauges as a scrape gives them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,10 @@ import json
 import time
 from typing import Any
 
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.proxy.forward import Forwarder
 from gateway.telemetry import RequestRecord
 
 #: The access log's fields after asctime, level, name and message, in their documented order.
@@ -41,3 +46,14 @@ def lines_of(text: str) -> list[dict[str, Any]]:
     """The access log's lines, read as JSON."""
     # JSON Lines: split on \n only (U+2028 may appear raw inside a line, as JSON allows).
     return [json.loads(line) for line in text.split("\n") if line]
+
+
+def without_size_pushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing sets ``mcp_gateway_cache_entries``/``_bytes`` but their reads of the store: the
+    proxy's own setting of them after it stores (``Forwarder.update_size_gauges``) does nothing."""
+    monkeypatch.setattr(Forwarder, "update_size_gauges", lambda _self: None, raising=False)
+
+
+def cache_sizes(registry: CollectorRegistry) -> tuple[float | None, float | None]:
+    """``(mcp_gateway_cache_entries, mcp_gateway_cache_bytes)`` as a scrape of ``registry`` reads them."""
+    return registry.get_sample_value("mcp_gateway_cache_entries"), registry.get_sample_value("mcp_gateway_cache_bytes")
