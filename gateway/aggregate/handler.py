@@ -42,12 +42,12 @@ from ..errors import (
     PayloadTooLarge,
     UnsupportedProtocolVersion,
 )
+from ..jsonrpc import error_code, result_message
 from ..protocol import (
     H_METHOD,
     MODERN_VERSIONS,
     NAME_FIELD,
     ParsedRequest,
-    error_code,
     method_label,
     parse_request,
 )
@@ -279,7 +279,7 @@ class Aggregate:
                 else c
                 for c in contents
             ]
-        message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
+        message = result_message(parsed.request_id, result)
         ttl = result.get("ttlMs")
         self._outcome(ex, [part], ttl if type(ttl) is int else 0, not part.stale)
         if key is not None and part.entry is not None:
@@ -354,7 +354,7 @@ class Aggregate:
             result = page_of(method, lists, page, list_fingerprint, self.page_size, parsed.request_id)
         ttl_ms, scope = hints(parts, complete, self.proxy.clock())
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
-        message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
+        message = result_message(parsed.request_id, result)
         self._outcome(ex, parts, ttl_ms, complete, any(got.problem is not None for got in lists))
         if key is not None and complete and scope == "public" and ttl_ms > 0 and all(p.entry for p in parts):
             self._store(ex, key, message, parts)

@@ -22,6 +22,7 @@ from ..cache import CacheKey, Invalidation
 from ..codec import dumps
 from ..config import GatewayConfig
 from ..errors import Overloaded
+from ..jsonrpc import result_body
 
 __all__ = ["KEEPALIVE_S", "ListenHub"]
 
@@ -158,7 +159,7 @@ class ListenHub:
                     if name in due:
                         await self._send(request, out, client.event(FLAGS[name][1]))
             result = {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_KEY: request_id}}
-            final = dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+            final = result_body(request_id, result)
             await self._send(request, out, b"event: message\ndata: " + final + b"\n\n")
             await out.write_eof()
         except ConnectionResetError:

@@ -38,7 +38,8 @@ from ..cluster import Cluster, Flight
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
-from ..protocol import H_NAME, encode_header_value, error_code, response_id_matches
+from ..jsonrpc import error_code, response_id_matches
+from ..protocol import H_NAME, encode_header_value
 from ..tasks import BackgroundTasks
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
