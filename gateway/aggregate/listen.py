@@ -4,10 +4,11 @@ No upstream stream is opened for a client. The registry holds one listen stream 
 one replica of a cluster), and every list change it hears reaches every process as an
 invalidation (:class:`~gateway.cache.Invalidation`, reason ``notification``; ``stream_lost`` when a
 stream ended without its result and changes may have been missed). The hub hears each one in
-this process (the store's ``on_purge``: :class:`~gateway.cache.MemoryStore`) and tells each listening client that
-asked for that kind of change (MCP 2026-07-28, basic/patterns/subscriptions: the acknowledgement
-first, then only the notifications asked for, each with the listen request's id as
-``subscriptionId``; the graceful end is the listen request's result).
+this process (it is the store's ``on_purge``: :class:`~gateway.cache.MemoryStore`) and tells
+each listening client that asked for that kind of change (MCP 2026-07-28,
+basic/patterns/subscriptions: the acknowledgement first, then only the notifications asked for,
+each with the listen request's id as ``subscriptionId``; the graceful end is the listen
+request's result).
 """
 
 from __future__ import annotations
