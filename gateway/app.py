@@ -87,11 +87,11 @@ def create_app(
     # What other workers of this group send is applied here; the store tells the hub.
     bus = WorkerBus(worker_bus, store.purge) if worker_bus else None
     invalidator = Invalidator(store, cluster=cluster, bus=bus)
-    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock, cluster)
     registry = Registry(
         config, store, metrics, clock=clock, rng=rng, sleep=sleep, invalidator=invalidator, cluster=cluster
     )
-    proxy.on_success = registry.observe
+    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, store, metrics, clock, cluster)
+    proxy.on_success = registry.observe  # the proxy takes no hooks at construction (yet)
     app[INVALIDATOR] = invalidator
     if cluster is not None:
         app[CLUSTER] = cluster
