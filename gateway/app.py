@@ -14,10 +14,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from .aggregate import ROUTE, Aggregate
+from .aggregate import ROUTE, Aggregate, ListenHub
 from .auth import bearer_matches
 from .cache import Clock, Invalidation, MemoryStore, ReadThrough
-from .cluster import Cluster
+from .cluster import Cluster, Invalidator
 from .cluster.workers import WorkerBus
 from .config import GatewayConfig
 from .errors import BadGateway, GatewayError, GatewayTimeout, NotFound, Overloaded, Unauthorized, error_response
@@ -28,7 +28,7 @@ from .registry import AggregateListing, Registry, RegistryViews
 from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
-__all__ = ["CLUSTER", "CONFIG", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
+__all__ = ["CLUSTER", "CONFIG", "INVALIDATOR", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
 
 CONFIG: Final = web.AppKey("config", GatewayConfig)
 METRICS: Final = web.AppKey("metrics", GatewayMetrics)
@@ -40,6 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 REGISTRY: Final = web.AppKey("registry", Registry)
 CLUSTER: Final = web.AppKey("cluster", Cluster)
 WORKER_BUS: Final = web.AppKey("worker_bus", WorkerBus)
+INVALIDATOR: Final = web.AppKey("invalidator", Invalidator)
 
 
 def create_app(
@@ -71,35 +72,32 @@ def create_app(
     metrics = GatewayMetrics(
         metrics_registry if metrics_registry is not None else CollectorRegistry(), cluster=config.cluster is not None
     )
+    # The listening clients of /mcp hear every purge of this process: the store tells them.
+    hub = ListenHub.of(config) if config.aggregate is not None else None
     store = MemoryStore(
         max_entries=config.cache.max_entries,
         max_bytes=config.cache.max_bytes,
         clock=clock,
         on_evict=metrics.evicted,
+        on_purge=hub.purged if hub is not None else None,
         keep_stale=any(config.stale_if_error_ms(name) > 0 for name in config.upstreams),
     )
+    metrics.track_store(store)
     upstreams: dict[str, Upstream] = {}
     cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None
-    registry = Registry(config, store, metrics, clock=clock, rng=rng, sleep=sleep, cluster=cluster)
+    # What other workers of this group send is applied here; the store tells the hub.
+    bus = WorkerBus(worker_bus, store.purge) if worker_bus else None
+    invalidator = Invalidator(store, cluster=cluster, bus=bus)
+    registry = Registry(
+        config, store, metrics, clock=clock, rng=rng, sleep=sleep, invalidator=invalidator, cluster=cluster
+    )
     readthrough = ReadThrough(
         config, store, metrics, clock, failures=(BadGateway, GatewayTimeout), busy=(Overloaded,), shared=cluster
     )
     proxy = (HotProxy if hot_path else Proxy)(config, upstreams, readthrough, metrics, on_success=registry.observe)
-    # Invalidation beyond this process: through Redis to every replica (and worker) with
-    # [cluster], and to the other workers of this group through the bus as well, so that a purge
-    # reaches them even while Redis is down.
-    bus = WorkerBus(worker_bus, lambda inv, reason: _purged(store, metrics, inv, reason)) if worker_bus else None
-    local = cluster.invalidate_soon if cluster is not None else store.purge
-
-    def invalidate_everywhere(invalidation: Invalidation, reason: str) -> int:
-        if bus is not None:
-            bus.broadcast(invalidation, reason)
-        return local(invalidation, reason)
-
-    registry.invalidate = invalidate_everywhere
+    app[INVALIDATOR] = invalidator
     if cluster is not None:
         app[CLUSTER] = cluster
-        cluster.on_purged = lambda _count: _update_size_gauges(metrics, store)
 
         async def shared_tier(app: web.Application) -> AsyncIterator[None]:
             await cluster.start()
@@ -179,10 +177,9 @@ def create_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     listing: AggregateListing | None = None  # POST /mcp in /v0.1/servers
-    if config.aggregate is not None:
-        aggregate = Aggregate(config, proxy, registry.state, metrics)
+    if hub is not None:
+        aggregate = Aggregate(config, proxy, registry.state, metrics, hub)
         listing = AggregateListing(ROUTE, aggregate.members, aggregate.names.separator, aggregate.active)
-        store.on_purge = aggregate.hub.purged  # every invalidation in this process passes there
 
         async def end_listen_streams(app: web.Application) -> None:
             aggregate.hub.close()
@@ -204,17 +201,6 @@ def create_app(
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", guarded(_purge))
     return app
-
-
-def _update_size_gauges(metrics: GatewayMetrics, store: MemoryStore) -> None:
-    metrics.cache_entries.set(len(store))  # FIXME(wiring): read at scrape time
-    metrics.cache_bytes.set(store.total_bytes)
-
-
-def _purged(store: MemoryStore, metrics: GatewayMetrics, invalidation: Invalidation, reason: str) -> None:
-    """Another worker's invalidation, applied here."""
-    if store.purge(invalidation, reason):
-        _update_size_gauges(metrics, store)
 
 
 async def _no_aggregate(request: web.Request) -> web.Response:
@@ -292,16 +278,10 @@ async def _purge(request: web.Request) -> web.Response:
     if method is not None and method not in KNOWN_METHODS:
         return web.json_response({"error": f"unknown method {method!r}"}, status=400)
     invalidation = Invalidation(upstream, None if method is None else (method,))
-    bus = request.app.get(WORKER_BUS)
-    if bus is not None:
-        bus.broadcast(invalidation, "purge")  # the other workers of this process group
-    cluster = request.app.get(CLUSTER)
-    if cluster is None:
-        count = request.app[STORE].purge(invalidation, "purge")
-        _update_size_gauges(request.app[METRICS], request.app[STORE])
-        return web.json_response({"purged": count})
-    spread = await cluster.invalidate(invalidation, "purge")  # every replica, and the shared tier
-    _update_size_gauges(request.app[METRICS], request.app[STORE])
+    invalidator = request.app[INVALIDATOR]
+    spread = await invalidator.invalidate(invalidation, "purge")  # every worker and replica, the shared tier
+    if invalidator.cluster is None:
+        return web.json_response({"purged": spread.count})
     if spread.delivered:
         return web.json_response({"purged": spread.count, "cluster": "done"})
     return web.json_response(

@@ -18,7 +18,7 @@ from typing import Final
 
 from aiohttp import web
 
-from .codec import dumps
+from .jsonrpc import error_body
 
 __all__ = [
     "BadGateway",
@@ -35,24 +35,11 @@ __all__ = [
     "PayloadTooLarge",
     "RequestTimeout",
     "Unauthorized",
-    "error_body",
     "error_response",
 ]
 
 #: The realm of the MCP and registry routes' bearer challenge (RFC 6750 §3).
 REALM: Final = "mcp-gateway"
-
-
-def error_body(code: int, message: str, request_id: object = None, data: object = None) -> bytes:
-    """A JSON-RPC 2.0 error response; ``id`` is left out when ``None`` (it could not be read)."""
-    err: dict[str, object] = {"code": code, "message": message}
-    if data is not None:
-        err["data"] = data
-    msg: dict[str, object] = {"jsonrpc": "2.0"}
-    if request_id is not None:
-        msg["id"] = request_id
-    msg["error"] = err
-    return dumps(msg)
 
 
 class GatewayError(Exception):
@@ -82,7 +69,8 @@ class GatewayError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> bytes:
-        """The JSON-RPC error response body."""
+        """The JSON-RPC error response body (:func:`~gateway.jsonrpc.error_body`: no ``"id"``
+        when the request's could not be read)."""
         return error_body(self.code, self.message, self.request_id, self.data)
 
 

@@ -42,15 +42,11 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 from aiohttp.web_response import StreamResponse
 
-from .codec import dumps
+from .jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, PARSE_ERROR, error_body
 
 __all__ = ["JsonErrorRequestHandler", "install_json_errors", "json_error_response"]
 
 log = logging.getLogger("mcp_gateway")
-
-PARSE_ERROR: Final = -32700
-INVALID_REQUEST: Final = -32600
-INTERNAL_ERROR: Final = -32603
 
 #: What each kind of parser error is called in the answer, most specific first. Only these
 #: fixed words go out: an exception's own text quotes the request.
@@ -81,7 +77,8 @@ def json_error_response(status: int, exc: BaseException | None = None) -> web.Re
             if isinstance(exc, kind):
                 code, message = kind_code, kind_message
                 break
-    body = dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+    # "id": null, where the MCP routes leave "id" out: see error_body.
+    body = error_body(code, message, null_id=True)
     resp = web.Response(status=status, body=body, content_type="application/json")
     resp.force_close()
     return resp

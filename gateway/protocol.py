@@ -34,10 +34,8 @@ __all__ = [
     "ParsedRequest",
     "decode_header_value",
     "encode_header_value",
-    "error_code",
     "method_label",
     "parse_request",
-    "response_id_matches",
 ]
 
 MODERN_VERSION: Final = "2026-07-28"
@@ -316,28 +314,3 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
 
 #: ``msg.get("id", _NO_ID)``: tells an absent id from ``"id": null`` in one lookup.
 _NO_ID: Final = object()
-
-
-def response_id_matches(message: object, request_id: object) -> bool:
-    """Whether ``message`` is a JSON-RPC 2.0 response (result or error) for ``request_id``."""
-    return (
-        isinstance(message, dict)
-        and message.get("jsonrpc") == "2.0"
-        and ("result" in message or "error" in message)
-        and message.get("id") == request_id
-        and type(message.get("id")) is type(request_id)
-    )
-
-
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
-
-
-def error_code(message: object) -> int | None:
-    """The ``error.code`` of a JSON-RPC error response (JSON-RPC 2.0, §5.1: an integer), if it is
-    an integer (a bool is not) that fits a metric label and a log line (64 bits); else ``None``."""
-    if isinstance(message, dict) and isinstance(err := message.get("error"), dict):
-        code = err.get("code")
-        if type(code) is int and _INT64_MIN <= code <= _INT64_MAX:
-            return code
-    return None

@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from gateway import codec, protocol
+from gateway import codec, jsonrpc
 from gateway.app import STORE, create_app
 from gateway.config import parse_config
 from gateway.errors import GatewayError
@@ -317,7 +317,7 @@ def test_a_relayed_answer_is_judged_as_the_exact_parse_judges_it(
             patch.setattr(codec, "_ENVELOPE_PARSER", None)
         relayed = codec.loads_relayed(data, request_id)
     exact = codec.loads(data)
-    assert protocol.response_id_matches(relayed, request_id) == protocol.response_id_matches(exact, request_id)
+    assert jsonrpc.response_id_matches(relayed, request_id) == jsonrpc.response_id_matches(exact, request_id)
 
     def code(message: Any) -> object:
         error = message.get("error") if isinstance(message, dict) else None
@@ -335,9 +335,9 @@ def test_relayed_answers_of_any_size_are_judged(size: int) -> None:
     result = {"tools": [], "padding": "p" * size}
     ok = orjson.dumps({"jsonrpc": "2.0", "id": 3, "result": result})
     other = orjson.dumps({"jsonrpc": "2.0", "id": 4, "result": result})
-    assert protocol.response_id_matches(codec.loads_relayed(ok, 3), 3)
-    assert not protocol.response_id_matches(codec.loads_relayed(other, 3), 3)
-    assert not protocol.response_id_matches(codec.loads_relayed(ok, "3"), "3")
+    assert jsonrpc.response_id_matches(codec.loads_relayed(ok, 3), 3)
+    assert not jsonrpc.response_id_matches(codec.loads_relayed(other, 3), 3)
+    assert not jsonrpc.response_id_matches(codec.loads_relayed(ok, "3"), "3")
 
 
 @PURE_SETTINGS

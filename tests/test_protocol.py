@@ -1,5 +1,5 @@
 """Request parsing and validation (gateway.protocol): every error with its code and status; the
-header sentinel, method labels and response ids."""
+header sentinel and method labels."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from gateway.errors import HeaderMismatch, InvalidParams, InvalidRequest, ParseError
-from gateway.protocol import decode_header_value, error_code, method_label, parse_request, response_id_matches
+from gateway.protocol import decode_header_value, method_label, parse_request
 
 from .support import CLIENT_CAPABILITIES_KEY, PROTOCOL_VERSION_KEY, V, request_meta, sentinel
 
@@ -195,28 +195,3 @@ def test_method_labels_are_bounded() -> None:
 @example("=?base64?AAAA?=")
 def test_header_values_round_trip_through_the_base64_sentinel(value: str) -> None:
     assert decode_header_value(sentinel(value)) == value
-
-
-def test_response_id_must_match_in_value_and_type() -> None:
-    assert response_id_matches({"jsonrpc": "2.0", "id": 1, "result": {}}, 1)
-    assert not response_id_matches({"jsonrpc": "2.0", "id": "1", "result": {}}, 1)
-    assert not response_id_matches({"jsonrpc": "2.0", "id": 2, "result": {}}, 1)
-    assert not response_id_matches({"jsonrpc": "2.0", "id": 1}, 1)
-    assert not response_id_matches(["x"], 1)
-
-
-@pytest.mark.parametrize(
-    ("message", "code"),
-    [
-        ({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "x"}}, -32602),
-        ({"jsonrpc": "2.0", "id": 1, "error": {"code": True, "message": "x"}}, None),  # a bool is no code
-        ({"jsonrpc": "2.0", "id": 1, "error": {"code": 2**63, "message": "x"}}, None),  # fits no metric label
-        ({"jsonrpc": "2.0", "id": 1, "error": {"code": -(2**63), "message": "x"}}, -(2**63)),
-        ({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602.0, "message": "x"}}, None),
-        ({"jsonrpc": "2.0", "id": 1, "error": "-32602"}, None),
-        ({"jsonrpc": "2.0", "id": 1, "result": {}}, None),
-        ([], None),
-    ],
-)
-def test_error_code_is_an_integer_code_of_an_error_response_within_64_bits(message: object, code: int | None) -> None:
-    assert error_code(message) == code

@@ -28,6 +28,7 @@ from gateway.telemetry.metrics import _LATENCY_BUCKETS
 
 from .support import mcp_headers, rpc
 from .support.fleet import Upstream, fetch_counts, free_port, reset_counts
+from .support.polling import wait_until
 from .support.telemetry import record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,7 @@ SCRAPE_EVERY = 5  # a scrape after every this many requests: 12 while they are s
 START_TIMEOUT_S = 20.0
 FLUSH_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 20.0
+SHORT_TTL_MS = 6000  # cache.max_ttl_ms of the expiry test: public_upstream's 60 s lowered
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -173,6 +175,40 @@ async def test_with_two_workers_every_scrape_reports_the_sum_over_both_and_count
     assert gauges["mcp_gateway_cache_entries", ()] == 2  # livesum: one entry in each worker
     assert gauges["mcp_gateway_inflight_requests", (("upstream", "up"),)] == 0
     assert not any(name == "mcp_gateway_cluster_up" for name, _ in gauges)  # no [cluster]
+
+
+async def test_with_two_workers_the_cache_size_gauges_sum_over_both_and_follow_expiry_with_no_request(
+    tmp_path: Path, public_up: Upstream
+) -> None:
+    """Each worker's store is read for the gauges every GAUGE_SAMPLE_S: entries that expire leave
+    the sum though no request comes to either worker."""
+    await reset_counts(public_up)
+    config = (
+        f'[cache]\nmax_ttl_ms = {SHORT_TTL_MS}\n[registry]\nenabled = false\n[upstreams.up]\nurl = "{public_up.url}"\n'
+    )
+    async with (
+        serve_group(tmp_path, config) as base_url,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http,
+    ):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for i in range(1, REQUESTS + 1):  # on new connections until each worker has stored the list once
+            await tools_list(http, base_url, i)
+            if (await fetch_counts(public_up)).get("tools/list") == 2:
+                break
+        assert (await fetch_counts(public_up)).get("tools/list") == 2, "one worker took every connection"
+        sizes: list[tuple[float, float]] = []
+
+        async def size_is(entries: float) -> bool:
+            _, gauges = await scrape(http, base_url)
+            sizes.append((gauges["mcp_gateway_cache_entries", ()], gauges["mcp_gateway_cache_bytes", ()]))
+            return sizes[-1][0] == entries and (sizes[-1][1] > 0) == (entries > 0)
+
+        # livesum: one entry in each worker, seen well before they expire
+        await wait_until(lambda: size_is(2), limit_s=SHORT_TTL_MS / 1000 / 2, what="one entry in each worker")
+        assert loop.time() - started < SHORT_TTL_MS / 1000, sizes  # seen before either entry expired
+        await wait_until(lambda: size_is(0), limit_s=FLUSH_TIMEOUT_S + SHORT_TTL_MS / 1000, what="no entries left")
+    assert (await fetch_counts(public_up)).get("tools/list") == 2, sizes  # no request refilled a cache
 
 
 async def test_an_operators_multiproc_dir_is_emptied_of_an_earlier_runs_files_and_dead_workers_leave_it(

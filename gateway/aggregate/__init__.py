@@ -7,5 +7,6 @@ Modules, lower first: ``names`` (exposed names, URIs and the gateway's cursors),
 """
 
 from .handler import ROUTE, Aggregate
+from .listen import ListenHub
 
-__all__ = ["ROUTE", "Aggregate"]
+__all__ = ["ROUTE", "Aggregate", "ListenHub"]

@@ -40,12 +40,12 @@ from ..errors import (
     PayloadTooLarge,
     UnsupportedProtocolVersion,
 )
+from ..jsonrpc import error_code, result_message
 from ..protocol import (
     H_METHOD,
     MODERN_VERSIONS,
     NAME_FIELD,
     ParsedRequest,
-    error_code,
 )
 from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from ..registry import RegistryState
@@ -69,12 +69,15 @@ MAX_LISTEN_BODY_BYTES: Final = 64 * 1024
 
 class Aggregate:
     """``POST /mcp``, a :class:`~gateway.proxy.pipeline.Route`, served with ``fleet`` (the
-    pipeline, the cache and the members) and the registry's ``state`` (which members are
-    legacy-era, which can report list changes)."""
+    pipeline, the cache and the members), the registry's ``state`` (which members are
+    legacy-era, which can report list changes) and ``hub`` (the listening clients:
+    :meth:`ListenHub.of`, built before the store that tells it of purges)."""
 
     reads_body = True
 
-    def __init__(self, config: GatewayConfig, fleet: Fleet, state: RegistryState, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, config: GatewayConfig, fleet: Fleet, state: RegistryState, metrics: GatewayMetrics, hub: ListenHub
+    ) -> None:
         settings = config.aggregate
         assert settings is not None
         self.fleet = fleet
@@ -88,7 +91,7 @@ class Aggregate:
         self.max_member_pages = settings.max_member_pages
         self.parts = PartFetcher(fleet)
         self.collector = MemberCollector(fleet.upstreams, metrics, self.parts, self.names, settings.max_member_pages)
-        self.hub = ListenHub(self.members, settings.max_listen_streams, config.listener.write_timeout_s)
+        self.hub = hub
         self.caching = config.cache.max_entries > 0
         #: The composed answer varies on whatever any of its parts varies on.
         self.vary = any(config.vary_on_capabilities(m) for m in self.members)
@@ -254,7 +257,7 @@ class Aggregate:
                 else c
                 for c in contents
             ]
-        message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
+        message = result_message(parsed.request_id, result)
         ttl = result.get("ttlMs")
         self._outcome(ex, [part], ttl if type(ttl) is int else 0, not part.stale)
         if key is not None and part.entry is not None:
@@ -329,7 +332,7 @@ class Aggregate:
             result = page_of(method, lists, page, list_fingerprint, self.page_size, parsed.request_id)
         ttl_ms, scope = hints(parts, complete, self.readthrough.clock())
         result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
-        message = {"jsonrpc": "2.0", "id": parsed.request_id, "result": result}
+        message = result_message(parsed.request_id, result)
         self._outcome(ex, parts, ttl_ms, complete, any(got.problem is not None for got in lists))
         if key is not None and complete and scope == "public" and ttl_ms > 0 and all(p.entry for p in parts):
             self._store(ex, key, message, parts)

@@ -4,10 +4,11 @@ No upstream stream is opened for a client. The registry holds one listen stream 
 one replica of a cluster), and every list change it hears reaches every process as an
 invalidation (:class:`~gateway.cache.Invalidation`, reason ``notification``; ``stream_lost`` when a
 stream ended without its result and changes may have been missed). The hub hears each one in
-this process (:attr:`~gateway.cache.MemoryStore.on_purge`) and tells each listening client that
-asked for that kind of change (MCP 2026-07-28, basic/patterns/subscriptions: the acknowledgement
-first, then only the notifications asked for, each with the listen request's id as
-``subscriptionId``; the graceful end is the listen request's result).
+this process (it is the store's ``on_purge``: :class:`~gateway.cache.MemoryStore`) and tells
+each listening client that asked for that kind of change (MCP 2026-07-28,
+basic/patterns/subscriptions: the acknowledgement first, then only the notifications asked for,
+each with the listen request's id as ``subscriptionId``; the graceful end is the listen
+request's result).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from aiohttp import web
 
 from ..cache import CacheKey, Invalidation
 from ..codec import dumps
+from ..config import GatewayConfig
 from ..errors import Overloaded
+from ..jsonrpc import result_body
 
 __all__ = ["KEEPALIVE_S", "ListenHub"]
 
@@ -80,8 +83,16 @@ class ListenHub:
         self.write_timeout_s = write_timeout_s
         self.clients: set[_Client] = set()
 
+    @classmethod
+    def of(cls, config: GatewayConfig) -> ListenHub:
+        """The hub of ``config``'s ``[aggregate]`` (which must be there): its members, its bound on
+        streams, the listener's write timeout (seconds)."""
+        settings = config.aggregate
+        assert settings is not None
+        return cls(config.aggregate_members(), settings.max_listen_streams, config.listener.write_timeout_s)
+
     def purged(self, predicate: Callable[[CacheKey], bool], reason: str) -> None:
-        """A :attr:`~gateway.cache.MemoryStore.on_purge` listener: a member's list changed."""
+        """A :class:`~gateway.cache.MemoryStore` ``on_purge`` listener: a member's list changed."""
         if reason not in _CHANGES or not self.clients:
             return
         # Anything but an Invalidation is "every entry": every list may have changed.
@@ -149,7 +160,7 @@ class ListenHub:
                     if name in due:
                         await self._send(request, out, client.event(FLAGS[name][1]))
             result = {"resultType": "complete", "_meta": {SUBSCRIPTION_ID_KEY: request_id}}
-            final = dumps({"jsonrpc": "2.0", "id": request_id, "result": result})
+            final = result_body(request_id, result)
             await self._send(request, out, b"event: message\ndata: " + final + b"\n\n")
             await out.write_eof()
         except ConnectionResetError:

@@ -24,7 +24,7 @@ from .policy import (
 )
 from .readthrough import Answer, Cached, CacheLookup, Lead, ReadThrough, SharedTier
 from .stale import Backoff, Failed, Stale
-from .store import CacheStore, Clock, EvictionListener, MemoryStore
+from .store import CacheStore, Clock, EvictionListener, MemoryStore, PurgeListener
 
 __all__ = [
     "REFRESH_FRACTION",
@@ -44,6 +44,7 @@ __all__ = [
     "Invalidation",
     "Lead",
     "MemoryStore",
+    "PurgeListener",
     "ReadThrough",
     "SharedTier",
     "Stale",

@@ -16,12 +16,14 @@ from cachetools import TLRUCache
 from .keys import CacheKey
 from .policy import CacheEntry, Invalidation
 
-__all__ = ["CacheStore", "Clock", "EvictionListener", "MemoryStore"]
+__all__ = ["CacheStore", "Clock", "EvictionListener", "MemoryStore", "PurgeListener"]
 
 #: Seconds on a monotonic scale (``time.monotonic`` in production, a fake clock in tests).
 Clock = Callable[[], float]
 #: Called with an eviction reason (``expired``, ``size``, ``purge``, ``notification``, ...) and a count.
 EvictionListener = Callable[[str, int], None]
+#: Called with every purge's ``(predicate, reason)``, whatever it removed.
+PurgeListener = Callable[[Callable[[CacheKey], bool], str], None]
 
 
 class CacheStore(Protocol):
@@ -110,7 +112,9 @@ class MemoryStore:
     then :meth:`stale` finds it, and it counts against both bounds like any other.
     ``on_evict(reason, count)`` hears of ``expired`` entries (counted by the next miss, put,
     purge, ``len()`` or ``total_bytes`` that finds them), ``size`` evictions and purges (under
-    the purge's reason).
+    the purge's reason). ``on_purge(predicate, reason)`` hears of every purge, whatever it
+    removed: the one place every invalidation of this process passes (local, other workers',
+    other replicas', the shared tier's loss).
     """
 
     def __init__(
@@ -120,6 +124,7 @@ class MemoryStore:
         max_bytes: int,
         clock: Clock,
         on_evict: EvictionListener | None = None,
+        on_purge: PurgeListener | None = None,
         keep_stale: bool = False,
     ) -> None:
         self._max_entries = max_entries
@@ -133,9 +138,7 @@ class MemoryStore:
         #: Invalidation naming it), by name.
         self._purges_of_all = 0
         self._purges_by_upstream: dict[str, int] = {}
-        #: Told of every purge, ``(predicate, reason)``, whatever it removed: the one place every
-        #: invalidation of this process passes (local, other workers', other replicas').
-        self.on_purge: Callable[[Callable[[CacheKey], bool], str], None] | None = None
+        self._on_purge = on_purge
         if keep_stale:
             # Decided once: without stale entries, a hit costs no freshness check of its own
             # (the TLRU cache's expiry is the entry's).
@@ -239,8 +242,8 @@ class MemoryStore:
         for k in doomed:
             self._entries.pop(k, None)
         self._evicted(reason, len(doomed))
-        if self.on_purge is not None:
-            self.on_purge(predicate, reason)
+        if self._on_purge is not None:
+            self._on_purge(predicate, reason)
         return len(doomed)
 
     def keys(self) -> list[CacheKey]:

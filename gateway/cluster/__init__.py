@@ -9,10 +9,12 @@ numbers invalidation raises), ``uris`` (the bounded index of cached resource URI
 leader), ``flight`` (a lookup's outcome and the cold key's lock), ``node`` (the shared tier,
 single flight and invalidation for one process), ``lease`` (one holder per upstream for the
 registry's probes and listen stream). Without ``[cluster]`` none of this runs. Apart from Redis,
-``workers`` carries invalidation between the workers of one ``--workers`` group.
+``workers`` carries invalidation between the workers of one ``--workers`` group, and
+``invalidator`` sends this process's invalidations to both (or to its store alone).
 """
 
+from .invalidator import Invalidator
 from .link import RedisLink, Unavailable
 from .node import Cluster, Flight, Lookup, Spread
 
-__all__ = ["Cluster", "Flight", "Lookup", "RedisLink", "Spread", "Unavailable"]
+__all__ = ["Cluster", "Flight", "Invalidator", "Lookup", "RedisLink", "Spread", "Unavailable"]

@@ -141,8 +141,6 @@ class Cluster:
         )
         self.link.on_change = self._state_changed
         self.link.before_writable = self.outbox.flush
-        #: Called with the number of entries a remote invalidation removed (the size gauges).
-        self.on_purged: Any = None
 
     @property
     def up(self) -> bool:
@@ -399,9 +397,7 @@ class Cluster:
         return count
 
     async def _spread_quietly(self, invalidation: Invalidation, reason: str, *, echo: bool = False) -> None:
-        count, _delivered = await self._spread(invalidation, reason, echo=echo)
-        if count and self.on_purged is not None:
-            self.on_purged(count)
+        await self._spread(invalidation, reason, echo=echo)
 
     def _scope(self, invalidation: Invalidation) -> tuple[list[str], list[str]]:
         """The (upstreams, methods) of this process's generations that ``invalidation`` touches."""
@@ -430,9 +426,7 @@ class Cluster:
 
     def _delivered(self, pending: Pending) -> None:
         """A pending invalidation got through late: what was stored meanwhile goes too."""
-        count = self.store.purge(pending.invalidation, pending.reason)
-        if count and self.on_purged is not None:
-            self.on_purged(count)
+        self.store.purge(pending.invalidation, pending.reason)
 
     async def _reload(self) -> None:
         """On (re)connecting: the generations as Redis has them, and a first heartbeat (whether
@@ -463,9 +457,7 @@ class Cluster:
             if invalidation is None or event.get("origin") == self.node_id:
                 return
             reason = reason if reason in _REASONS else "notification"
-            count = self.store.purge(invalidation, reason)
-            if count and self.on_purged is not None:
-                self.on_purged(count)
+            self.store.purge(invalidation, reason)
             if event.get("echo") is not True and not self._covers(event.get("generations"), invalidation):
                 # A process configured otherwise for the upstream raised its own generations, not
                 # this configuration's: raise ours too, or our shared entries would outlive the purge.
@@ -475,8 +467,6 @@ class Cluster:
         """The feed cannot vouch for the local tier any more: empty it, stop every wait."""
         count = self.store.purge(lambda _k: True, "cluster")
         self.waiters.release_all()
-        if count and self.on_purged is not None:
-            self.on_purged(count)
         if not quiet:
             log.info("shared tier: %s; local entries dropped: %d", reason, count)
 

@@ -32,7 +32,7 @@ class WorkerBus:
     """This worker's end of the group's bus in ``directory``. ``on_invalidation(invalidation,
     reason)`` runs for each message another worker sent."""
 
-    def __init__(self, directory: str | Path, on_invalidation: Callable[[Invalidation, str], None]) -> None:
+    def __init__(self, directory: str | Path, on_invalidation: Callable[[Invalidation, str], object]) -> None:
         self.directory = Path(directory)
         self.path = self.directory / f"{_PREFIX}{os.getpid()}.sock"
         self._on_invalidation = on_invalidation

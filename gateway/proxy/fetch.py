@@ -11,7 +11,7 @@ from multidict import CIMultiDict
 
 from ..codec import loads
 from ..errors import BadGateway, GatewayTimeout
-from ..protocol import response_id_matches
+from ..jsonrpc import response_id_matches
 from ..sse import SSEParser
 from ..upstream import Upstream
 

@@ -24,7 +24,8 @@ from ..cache import Answer, CacheKey, CacheLookup, Lead, ReadThrough
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
-from ..protocol import H_NAME, encode_header_value, error_code, response_id_matches
+from ..jsonrpc import error_code, response_id_matches
+from ..protocol import H_NAME, encode_header_value
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
 from .exchange import LARGE_BODY_BYTES, Exchange

@@ -20,7 +20,8 @@ import aiohttp
 from ..cache import Invalidation, invalidation
 from ..config import RegistryConfig
 from ..errors import GatewayError
-from ..protocol import MODERN_VERSION, MODERN_VERSIONS, error_code, response_id_matches
+from ..jsonrpc import error_code, response_id_matches
+from ..protocol import MODERN_VERSION, MODERN_VERSIONS
 from ..sse import SSEParser
 from ..upstream import Upstream
 from .probe import Rng, backoff_delay, json_or_none, modern_headers, modern_request

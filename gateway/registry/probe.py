@@ -28,13 +28,12 @@ import orjson
 from multidict import CIMultiDict
 
 from ..errors import GatewayError
+from ..jsonrpc import error_code, response_id_matches
 from ..protocol import (
     CLIENT_CAPABILITIES_KEY,
     MODERN_VERSION,
     MODERN_VERSIONS,
     PROTOCOL_VERSION_KEY,
-    error_code,
-    response_id_matches,
 )
 from ..sse import SSEParser
 from ..upstream import Upstream

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Final
 
 from ..cache import CacheStore, Clock, Invalidation, uri_of
-from ..cluster import Cluster, Unavailable
+from ..cluster import Cluster, Invalidator, Unavailable
 from ..cluster.lease import Leases
 from ..config import GatewayConfig
 from ..tasks import BackgroundTasks
@@ -36,7 +36,8 @@ class Registry:
     ``sleep(seconds)`` every pause of the probe loops and listen streams (tests inject all four).
     The tasks start in :meth:`start` and stop in :meth:`stop`, both called from the app's
     ``cleanup_ctx``. With a ``cluster``, an upstream is probed and listened to only by the
-    process holding its lease, and the others copy its state (:mod:`.shared`).
+    process holding its lease, and the others copy its state (:mod:`.shared`). The cache
+    entries a notification makes stale go through ``invalidator`` (every worker and replica).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class Registry:
         clock: Clock,
         rng: Rng,
         sleep: Sleep,
+        invalidator: Invalidator,
         wall_clock: Clock = time.time,
         cluster: Cluster | None = None,
     ) -> None:
@@ -68,8 +70,7 @@ class Registry:
         self._shared_uris: dict[str, list[str]] = {}
         self._uris_at: float | None = None
         self._versions_labelled: dict[str, set[str]] = {}
-        #: ``invalidate(invalidation, reason) -> count``: purges beyond this process (the cluster's).
-        self.invalidate: Callable[[Invalidation, str], int] | None = None
+        self.invalidator = invalidator
         self.cluster = cluster
         self.leases: Leases | None = None
         self.mirror = (
@@ -239,16 +240,9 @@ class Registry:
     # -- the cache --
 
     def purge(self, invalidation: Invalidation, reason: str) -> int:
-        """Remove matching cache entries (counted under ``cache_evictions{reason}``), with
-        ``[cluster]`` from every replica (through ``invalidate``, set by the app)."""
-        if self.invalidate is not None:
-            count = self.invalidate(invalidation, reason)
-        else:
-            count = self.store.purge(invalidation, reason)
-        if count:
-            self.metrics.cache_entries.set(len(self.store))
-            self.metrics.cache_bytes.set(self.store.total_bytes)
-        return count
+        """Remove matching cache entries (counted under ``cache_evictions{reason}``) here and, through
+        the invalidator, from every other worker and replica; returns how many went here."""
+        return self.invalidator.invalidate_soon(invalidation, reason)
 
     def cached_uris(self, upstream: str) -> tuple[str, ...]:
         """URIs of ``upstream``'s cached ``resources/read`` entries, sorted, at most

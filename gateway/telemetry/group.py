@@ -22,9 +22,11 @@ or socket, and a scrape costs the scraped worker a read of N small files.
   ``upstream_supported_version`` are each worker's own probe results, the most recent one wins
   (``mostrecent``; a removed version label reads 0, the files cannot drop a series);
   ``cluster_up`` is the minimum over live workers (``livemin``: 0 when any worker serves without
-  the shared tier, what an alert "shared tier down" wants). ``inflight_requests`` is read from
-  the upstreams at scrape time in one process; ``set_function`` has no multiprocess form, so in
-  a group each worker writes it every :data:`GAUGE_SAMPLE_S` and before its own scrapes.
+  the shared tier, what an alert "shared tier down" wants). ``inflight_requests`` (from the
+  upstreams) and ``cache_entries``/``cache_bytes`` (from the store) are read at scrape time in
+  one process; ``set_function`` has no multiprocess form, so in a group each worker writes them
+  every :data:`GAUGE_SAMPLE_S` and before its own scrapes (another worker's value is at most
+  that old).
 * The process that forks the workers calls ``mark_process_dead`` for each that exits (``live*``
   gauges drop it) and owns the directory (``gateway.cli``).
 """
@@ -53,7 +55,7 @@ __all__ = [
 #: The environment variable naming prometheus_client's multiprocess directory.
 MULTIPROC_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 #: In a process group, how often (seconds) each worker writes the gauges it reads from its own
-#: state (``inflight_requests``) to the shared files.
+#: state (``inflight_requests``, ``cache_entries``, ``cache_bytes``) to the shared files.
 GAUGE_SAMPLE_S: Final = 1.0
 
 #: A metric family: name after the namespace, help, label names.

@@ -19,7 +19,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
@@ -29,7 +29,7 @@ from ..tasks import BackgroundTasks
 from .group import GAUGE_SAMPLE_S, GroupCollector, MultiProcessRegistry, SharedRequestSeries, ZeroOnRemoveGauge
 from .record import RequestRecord
 
-__all__ = ["GatewayMetrics", "RequestMetrics"]
+__all__ = ["GatewayMetrics", "RequestMetrics", "SizedStore"]
 
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -234,6 +234,16 @@ def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
     return sums
 
 
+class SizedStore(Protocol):
+    """What :meth:`GatewayMetrics.track_store` reads of a cache store (``gateway.cache``, above
+    this package, implements it)."""
+
+    def __len__(self) -> int: ...
+
+    @property
+    def total_bytes(self) -> int: ...
+
+
 class GatewayMetrics:
     """Every metric the gateway exports (docs/metrics.md).
 
@@ -248,7 +258,7 @@ class GatewayMetrics:
         self._group = group
         # In a group the metrics register nowhere: every worker's values are read from the files.
         own = registry if group is None else None
-        #: (gauge, read) of the gauges read from this process's state (see track_inflight).
+        #: (gauge, read) of the gauges read from this process's state (track_inflight, track_store).
         self._sampled: list[tuple[Gauge, Callable[[], float]]] = []
         # The three families every request updates, cache hits included: batched (see class).
         self.request_metrics = RequestMetrics(ns, own, _LATENCY_BUCKETS, shared=group is not None)
@@ -284,6 +294,7 @@ class GatewayMetrics:
             registry=own,
         )
         # multiprocess_mode only matters in a group (module docstring); one process ignores it.
+        # Read from the store (create_app binds it: track_store).
         self.cache_entries = Gauge(
             "cache_entries", "Entries in the cache.", namespace=ns, registry=own, multiprocess_mode="livesum"
         )
@@ -380,16 +391,28 @@ class GatewayMetrics:
         """``inflight_requests{upstream}`` is ``read()``: read at scrape time in one process
         (``set_function``); in a group, written to the files every :data:`GAUGE_SAMPLE_S`
         (:meth:`sampling`) and before each scrape of this worker."""
-        child = self.inflight.labels(upstream)
+        self._track(self.inflight.labels(upstream), read)
+
+    def track_store(self, store: SizedStore) -> None:
+        """``cache_entries`` (entries) and ``cache_bytes`` (bytes of results) read from ``store``
+        (``len(store)``, ``store.total_bytes``) as :meth:`track_inflight` reads its gauge: at
+        scrape time in one process, every :data:`GAUGE_SAMPLE_S` and before this worker's own
+        scrapes in a group. Reading the store counts the entries that expired since it was last
+        looked at (``cache_evictions_total{reason="expired"}``)."""
+        self._track(self.cache_entries, lambda: len(store))
+        self._track(self.cache_bytes, lambda: store.total_bytes)
+
+    def _track(self, gauge: Gauge, read: Callable[[], float]) -> None:
         if self._group is None:
-            child.set_function(read)
+            gauge.set_function(read)
         else:
-            self._sampled.append((child, read))
-            child.set(read())
+            # set_function has no multiprocess form: sampled into the files instead.
+            self._sampled.append((gauge, read))
+            gauge.set(read())
 
     async def sampling(self, app: object) -> AsyncIterator[None]:
         """An aiohttp ``cleanup_ctx``: in a group, writes the gauges of :meth:`track_inflight`
-        to the files every :data:`GAUGE_SAMPLE_S` seconds while the app runs; nothing in one
+        and :meth:`track_store` to the files every :data:`GAUGE_SAMPLE_S` seconds while the app runs; nothing in one
         process."""
         if self._group is None:
             yield

@@ -16,9 +16,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.app import PROXY
+from gateway.app import PROXY, STORE
 
 from ..support import StartGateway, StartUpstream
+from ..support.fleet import Upstream
+from ..support.telemetry import cache_sizes
 from .conftest import agg, aggregate_config, names
 from .scripted import member
 
@@ -76,3 +78,16 @@ async def test_the_requests_mcp_sends_to_members_are_counted_in_the_upstream_dur
     assert counted("a") >= 1  # the per-upstream request is counted
     by_mcp = counted("a") + counted("b") + counted("/mcp") - 1
     assert by_mcp >= 3, f"6 member requests made by 3 /mcp lists; the upstream histogram counts {by_mcp:g}"
+
+
+async def test_a_composed_answer_stored_shows_in_the_cache_size_gauges_without_a_push(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream
+) -> None:
+    # docs/metrics.md: the size gauges are the entries and bytes stored, /mcp's composed answers
+    # among them, whatever stored them.
+    gw = await start_gateway(aggregate_config({"a": public_up.url}))
+    reply = await agg(http, gw, "tools/list")
+    assert reply.status == 200
+    store = gw.app[STORE]
+    assert len(store) == 2  # the member's page and the composed answer
+    assert cache_sizes(gw.registry) == (2, store.total_bytes)

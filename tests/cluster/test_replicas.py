@@ -724,9 +724,16 @@ async def test_a_purge_reaches_every_worker(
     assert first.status == 200
     for _ in range(11):  # on fresh connections: both workers end up holding the entry
         assert (await call(fresh_http, replicas.url(0, "pub"))).status == 200
+    assert (await replicas.metric(0, "mcp_gateway_cache_entries") or 0) >= 1
     # With Redis down the purge reaches the other workers (their bus), not the cluster: it says so.
     expected = None if not with_cluster else "pending" if redis_down else "done"
     await purge(fresh_http, replicas, 0, upstream="pub", cluster=expected)
+
+    async def no_entries_left() -> bool:  # the sum over both workers, each sampled every second
+        metrics = await replicas.metrics(0)
+        return metrics.get(("mcp_gateway_cache_entries", ())) == metrics.get(("mcp_gateway_cache_bytes", ())) == 0
+
+    await eventually(no_entries_left, limit_s=10, what="the size gauges at 0 after the purge")
     await asyncio.sleep(INVALIDATION_S)
     for n in range(12):
         asked = time.monotonic()

@@ -19,6 +19,7 @@ from gateway.cluster.mac import Keys
 from tests.support import FakeUpstream, RunningGateway, StartGateway, StartUpstream
 from tests.support.polling import wait_until
 from tests.support.redis import RedisServer
+from tests.support.telemetry import cache_sizes
 from tests.support.wire import list_result, mcp_headers, rpc
 
 pytestmark = pytest.mark.timeout(60)
@@ -303,6 +304,18 @@ async def test_a_purge_the_cluster_took_says_done_and_leaves_nothing_pending(
     _versioned, a, _b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
     assert await purge_answer(http, a) == (200, {"purged": 1, "cluster": "done"})
     assert a.registry.get_sample_value("mcp_gateway_cluster_invalidations_pending") == 0
+
+
+async def test_a_purge_on_another_gateway_shows_in_this_ones_cache_size_gauges_without_a_push(
+    redis_server: RedisServer,
+    start_gateway: StartGateway,
+    start_upstream: StartUpstream,
+    http: aiohttp.ClientSession,
+) -> None:
+    _versioned, a, b = await versioned_pair(redis_server, start_gateway, start_upstream, http)
+    assert cache_sizes(b.registry) == (1, b.app[STORE].total_bytes)  # copied from Redis
+    await purge(http, a)
+    await wait_until(lambda: cache_sizes(b.registry) == (0, 0), what="the purge in b's size gauges")
 
 
 async def test_a_purge_redis_refuses_to_write_is_kept_until_it_gets_through(

@@ -287,7 +287,7 @@ async def test_an_answer_refused_because_a_purge_crossed_it_ends_the_older_entry
         await asyncio.sleep(0.005)
     # A purge of the upstream's prompts: it may be what the answer on its way is about (so the
     # answer is not stored), and it leaves the tools/list entry where it was.
-    gw.app[REGISTRY].invalidate(invalidation("up", "notifications/prompts/list_changed", {}), "notification")
+    gw.app[REGISTRY].purge(invalidation("up", "notifications/prompts/list_changed", {}), "notification")
     status, cache_status, _ = await in_flight
     assert status == 200 and "detail=refused" in cache_status
     upstream.mode, upstream.delay_s = "html503", 0.0
@@ -349,7 +349,7 @@ async def test_a_purged_or_notified_entry_is_never_served_stale(
     await call(http, gw, cursor="notified")
     fake_clock.advance(TTL_MS / 1000 + 1)  # both expired, both kept
     assert gw.app[PROXY].store.stale(gw.app[PROXY].store.keys()[0]) is not None
-    gw.app[REGISTRY].invalidate(invalidation("up", "notifications/tools/list_changed", {}), "notification")
+    gw.app[REGISTRY].purge(invalidation("up", "notifications/tools/list_changed", {}), "notification")
     upstream.mode = "html503"
     assert (await call(http, gw, cursor="notified"))[0] == 502
     # And through the admin route, on a fresh entry:

@@ -22,6 +22,7 @@ from ..support.clock import FakeTime
 from ..support.fleet import Upstream, add_tool, bump_resource
 from ..support.polling import wait_until
 from ..support.scripted_mcp import ScriptedMcp
+from ..support.telemetry import cache_sizes
 from .harness import (
     FAST,
     LIST_CHANGED,
@@ -103,6 +104,19 @@ async def test_list_changed_notification_purges_that_list_of_that_upstream_only(
     assert gw.metric("mcp_gateway_cache_evictions_total", reason="notification") == 1
     await mcp(http, gw.url("one"), "tools/list")
     assert one.count("tools/list") == 2
+
+
+async def test_a_list_changed_notification_shows_in_the_cache_size_gauges_without_a_push(
+    servers: Servers, http: aiohttp.ClientSession
+) -> None:
+    scripted = ScriptedMcp(capabilities=LIST_CHANGED)
+    gw = await start_gateway(servers, {"s": await servers.upstream(scripted)}, FAST)
+    await wait_until(lambda: listening(gw, "s"), what="a listen stream")
+    await fill_cache(http, gw, "s")
+    assert cache_sizes(gw.metrics) == (3, gw.store.total_bytes)
+    scripted.listens[-1].notify("notifications/tools/list_changed")
+    await wait_until(lambda: cache_sizes(gw.metrics)[0] == 2, what="the purge in the entries gauge")
+    assert cache_sizes(gw.metrics) == (len(gw.store), gw.store.total_bytes)
 
 
 async def test_listen_stream_ended_without_the_result_purges_the_upstream_and_resubscribes(

@@ -1,10 +1,13 @@
-"""Request records for the telemetry tests (tests/telemetry/), and reading the access log back."""
+"""Request records for the telemetry tests (tests/telemetry/), reading the access log back, and
+the cache-size gauges as a scrape gives them."""
 
 from __future__ import annotations
 
 import json
 import time
 from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from gateway.telemetry import RequestRecord
 
@@ -41,3 +44,8 @@ def lines_of(text: str) -> list[dict[str, Any]]:
     """The access log's lines, read as JSON."""
     # JSON Lines: split on \n only (U+2028 may appear raw inside a line, as JSON allows).
     return [json.loads(line) for line in text.split("\n") if line]
+
+
+def cache_sizes(registry: CollectorRegistry) -> tuple[float | None, float | None]:
+    """``(mcp_gateway_cache_entries, mcp_gateway_cache_bytes)`` as a scrape of ``registry`` reads them."""
+    return registry.get_sample_value("mcp_gateway_cache_entries"), registry.get_sample_value("mcp_gateway_cache_bytes")

@@ -1,5 +1,5 @@
-"""The batched request metrics (gateway.telemetry.metrics): the same samples as prometheus_client's
-Counter and Histogram would expose."""
+"""The metrics (gateway.telemetry.metrics): the batched request metrics give the same samples as
+prometheus_client's Counter and Histogram would expose; the cache-size gauges read the store."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.telemetry import RequestMetrics
+from gateway.cache import MemoryStore, build_entry
+from gateway.telemetry import GatewayMetrics, RequestMetrics
 
-from ..support.telemetry import record
+from ..support.cache import key, result
+from ..support.clock import FakeClock
+from ..support.telemetry import cache_sizes, record
 
 
 def test_request_metrics_match_prometheus_client_counter_and_histogram() -> None:
@@ -87,3 +90,22 @@ def test_request_metrics_add_up_batches_of_many_kinds() -> None:
         series = ours._durations[(f"up{i}", "tools/list", "hit")]
         assert series[-1] == pytest.approx(reference.labels(f"up{i}", "tools/list", "hit")._sum.get())
         assert sum(series[:-1]) == len([r for r in records if r.upstream == f"up{i}"])
+
+
+def test_cache_size_gauges_read_the_store_at_scrape_time() -> None:
+    """Stores, expiry and purges show in the next scrape with nothing setting the gauges."""
+    clock = FakeClock()
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    store = MemoryStore(max_entries=10, max_bytes=100_000, clock=clock, on_evict=metrics.evicted)
+    metrics.track_store(store)
+    assert cache_sizes(registry) == (0, 0)
+    entry = build_entry(result(), clock(), 3_600_000)
+    assert entry is not None
+    assert store.put(key(), entry) and store.put(key(cursor="p2"), entry)
+    assert cache_sizes(registry) == (2, 2 * entry.size)
+    assert store.purge(lambda k: k == key(), "purge") == 1
+    assert cache_sizes(registry) == (1, entry.size)
+    clock.advance(61)  # past the entry's ttlMs of 60 s
+    assert cache_sizes(registry) == (0, 0)
+    assert registry.get_sample_value("mcp_gateway_cache_evictions_total", {"reason": "expired"}) == 1
