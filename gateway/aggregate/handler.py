@@ -47,7 +47,7 @@ from ..protocol import (
     NAME_FIELD,
     ParsedRequest,
 )
-from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, hit_status
+from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, Forwarded, hit_status
 from ..registry import RegistryState
 from ..telemetry import GatewayMetrics
 from .compose import LIST_FIELDS, ComposedEntry, Part, discover_result, hints, page_of
@@ -236,11 +236,11 @@ class Aggregate:
                 err.headers["Retry-After"] = "1"
                 raise
             ex.lookup = CacheLookup.MISS
-            ex.fwd, ex.detail = "miss", "upstream-error"
+            ex.fwd, ex.detail = Forwarded.MISS, "upstream-error"
             raise
         except MemberError as err:
             ex.lookup = CacheLookup.MISS
-            ex.fwd = "miss"
+            ex.fwd = Forwarded.MISS
             ex.error_code = error_code(err.answer)
             ex.detail = "error"
             return web.Response(
@@ -320,7 +320,7 @@ class Aggregate:
         members = self.active()
         lists = await asyncio.gather(*(self.collector.collect(name, ex, parsed) for name in members))
         if members and not any(got.parts for got in lists):
-            ex.fwd, ex.detail = "miss", "upstream-error"
+            ex.fwd, ex.detail = Forwarded.MISS, "upstream-error"
             reasons = "; ".join(f"{name}: {got.problem}" for name, got in zip(members, lists, strict=True))
             raise BadGateway(f"no member of /mcp answered {method} ({reasons})", request_id=parsed.request_id)
         parts = [part for got in lists for part in got.parts]
@@ -350,7 +350,7 @@ class Aggregate:
             ex.lookup = CacheLookup.HIT
             ex.hit = f"{hit_status(ttl_ms, False)}; detail=composed"
             return
-        ex.fwd = "miss"
+        ex.fwd = Forwarded.MISS
         stale = any(part.stale for part in parts)
         ex.lookup = CacheLookup.STALE if stale else CacheLookup.MISS
         ex.detail = "partial" if left_out else "stale" if stale else "composed"

@@ -13,6 +13,7 @@ bypassed the cache (``uncacheable``, ``legacy``, ``notification``, ``input-respo
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
-__all__ = ["CACHE_NAME", "LARGE_BODY_BYTES", "Exchange", "hit_status", "stale_status"]
+__all__ = ["CACHE_NAME", "LARGE_BODY_BYTES", "Exchange", "Forwarded", "hit_status", "stale_status"]
 
 CACHE_NAME: Final = "mcp-gateway"
 #: A body over this many bytes may not fit what the connection buffers before writing waits
@@ -30,6 +31,15 @@ CACHE_NAME: Final = "mcp-gateway"
 #: deadline and the queue budget (:mod:`gateway.proxy.writing`); a cache hit this large is
 #: answered from the entry's own bytes, not a copy.
 LARGE_BODY_BYTES: Final = 64 * 1024
+
+
+class Forwarded(StrEnum):
+    """Why a request went upstream: the ``fwd`` parameter of ``Cache-Status`` (RFC 9211, 2.2)."""
+
+    #: The cache did not have it.
+    MISS = "miss"
+    #: The cache was not asked: not cacheable, or off (``detail`` says why).
+    BYPASS = "bypass"
 
 
 def hit_status(ttl_ms: int, collapsed: bool, shared: bool = False) -> str:
@@ -80,7 +90,7 @@ class Exchange:
     lookup: CacheLookup | None = None
     error_code: int | None = None
     hit: str | None = None
-    fwd: str | None = None
+    fwd: Forwarded | None = None
     fwd_status: int | None = None
     stored_ttl_ms: int | None = None
     detail: str | None = None

@@ -28,7 +28,7 @@ from ..jsonrpc import error_code, response_id_matches
 from ..protocol import H_NAME, encode_header_value
 from ..telemetry import GatewayMetrics
 from ..upstream import RESPONSE_HEADERS, Upstream
-from .exchange import LARGE_BODY_BYTES, Exchange
+from .exchange import LARGE_BODY_BYTES, Exchange, Forwarded
 from .fetch import fetch_answer
 from .stream import relay_stream
 from .writing import CallerWriter
@@ -63,8 +63,8 @@ class Forwarder:
         #: Set by :meth:`close_streams`: the relayed streams end because the gateway stops.
         self.closing = False
 
-    async def forward(self, ex: Exchange, fwd: str) -> web.StreamResponse:
-        """Send ``ex`` to ``ex.upstream`` (``fwd``: ``miss`` or ``bypass``) and relay the answer;
+    async def forward(self, ex: Exchange, fwd: Forwarded) -> web.StreamResponse:
+        """Send ``ex`` to ``ex.upstream`` (``fwd``: why) and relay the answer;
         keep it (:meth:`keep`) when the request is a cache miss (``ex.lead``).
 
         Raises:
@@ -126,7 +126,7 @@ class Forwarder:
         """The read-through's fetch of a cache miss (``lead``): :meth:`forward`, keeping the answer."""
         ex.lookup = CacheLookup.MISS
         ex.lead = lead
-        return await self.forward(ex, "miss")
+        return await self.forward(ex, Forwarded.MISS)
 
     @staticmethod
     def check_inflight(upstream: Upstream, request_id: object) -> None:

@@ -26,7 +26,7 @@ from ..errors import GatewayError, NotFound
 from ..protocol import ParsedRequest, method_label
 from ..telemetry import GatewayMetrics
 from ..upstream import Upstream
-from .exchange import LARGE_BODY_BYTES, Exchange, hit_status, stale_status
+from .exchange import LARGE_BODY_BYTES, Exchange, Forwarded, hit_status, stale_status
 from .forward import Forwarder
 from .pipeline import Pipeline
 from .writing import CallerWriter, PiecesResponse, QueueBudget
@@ -121,7 +121,7 @@ class Proxy:
         """Not in the local tier: the read-through (:meth:`miss`), or the upstream for a request
         that bypasses the cache."""
         if ex.key is None:
-            return await self.forwarder.forward(ex, "bypass")
+            return await self.forwarder.forward(ex, Forwarded.BYPASS)
         return await self.miss(ex, ex.key)
 
     def key(
@@ -249,4 +249,4 @@ class LegacyStreams:
 
     async def answer(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse:
         ex.detail = "legacy"
-        return await self.proxy.forwarder.forward(ex, "bypass")
+        return await self.proxy.forwarder.forward(ex, Forwarded.BYPASS)
