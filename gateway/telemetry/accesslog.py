@@ -98,15 +98,20 @@ class AccessLogHandler(logging.Handler):
 
     def line(self, record: RequestRecord, created: float) -> str:
         """:meth:`plain_line`, from the remembered text of the fields a request shares with others
-        of its kind (upstream, methods, status, error, cache, Cache-Status): a line costs a
-        fraction of the plain one, which is several percent of a cache hit (bench/RESULTS.md).
-        The same text (tests/telemetry/test_accesslog.py)."""
-        # ✂ fast version of plain_line
-        kind = record[:7]
-        fields = self._kinds.get(kind)
+        of its kind (upstream, methods, status, error, cache, Cache-Status), the milliseconds of
+        the stamp from a table: a line costs a fraction of the plain one, which is several percent
+        of a cache hit (bench/RESULTS.md). The same text (tests/telemetry/test_accesslog.py)."""
+        # ✂ fast version of plain_line (and of its _asctime and _milliseconds)
+        fields = self._kinds.get(record[:7])
         if fields is None:
             fields = self._kind_text(record)
-        return f'{{"asctime":"{self._asctime(created)}",{fields}"duration_ms":{_milliseconds(record.seconds)}}}'
+        second = self._second
+        if not second <= created < second + 1.0:  # another second (always at first: NaN)
+            second = self._new_second(created)
+        ms = (created - second) * 1000  # floored as %d floors it, at most 999 as in _asctime
+        millis = _MILLIS[int(ms) if ms < 999.0 else 999]
+        duration = "%.3f" % (record.seconds * 1000)  # _milliseconds, inlined
+        return f'{{"asctime":"{self._stamp},{millis}",{fields}"duration_ms":{duration}}}'
         # ✂
 
     def _kind_text(self, record: RequestRecord) -> str:
@@ -168,11 +173,24 @@ class AccessLogHandler(logging.Handler):
         milliseconds. The text of the second is kept, as lines come many to a second."""
         second = self._second
         if not second <= created < second + 1.0:  # another second (always at first: NaN)
-            second = math.floor(created)
-            self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-            self._second = second
+            second = self._new_second(created)
         # %d truncates (floored milliseconds); a time a hair below a second can round up to 1000.
         return "%s,%03d" % (self._stamp, min(999.0, (created - second) * 1000))  # noqa: UP031 (cheaper)
+
+    def _new_second(self, created: float) -> float:
+        """Make the second ``created`` falls in the current one (``_stamp`` its text); returns it.
+
+        Raises:
+            OverflowError, OSError: no local time for ``created`` (the current second stays).
+        """
+        second = float(math.floor(created))  # a float: compared and subtracted from floats
+        self._stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        self._second = second
+        return second
+
+
+#: The milliseconds of a stamp, ``"000"`` to ``"999"``, by their value.
+_MILLIS: Final = tuple(f"{ms:03d}" for ms in range(1000))
 
 
 def _milliseconds(seconds: float) -> str:

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
+import operator
 import time
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -139,15 +141,20 @@ class RequestMetrics:
             if series is None:
                 series = durations[u, m, c] = [0.0] * width
             series[bucket] += count
-        sums = _sums(list(zip(upstream, method, cache, strict=True)), seconds)
+        series_keys = {(u, m, c) for u, m, _, c, _, _ in kinds}
+        if len(series_keys) == 1:  # the usual batch, all of one series: summed without a key per record
+            sums = dict.fromkeys(series_keys, functools.reduce(operator.add, seconds, 0.0))
+        else:
+            sums = _sums(list(zip(upstream, method, cache, strict=True)), seconds)
         for key, total in sums.items():
             durations[key][-1] += total
-        forwarded = [(r.upstream, r.method, r.upstream_seconds) for r in records if r.upstream_seconds is not None]
-        upstream_counts, upstream_sums = (
-            self._observe(self._upstream_durations, [(u, m) for u, m, _ in forwarded], [s for _, _, s in forwarded])
-            if forwarded
-            else ({}, {})
-        )
+        upstream_counts: dict[tuple[Any, int], int] = {}
+        upstream_sums: dict[Any, float] = {}
+        if columns.upstream_seconds.count(None) < len(records):  # some upstream was asked (not all hits)
+            forwarded = [(r.upstream, r.method, r.upstream_seconds) for r in records if r.upstream_seconds is not None]
+            upstream_counts, upstream_sums = self._observe(
+                self._upstream_durations, [(u, m) for u, m, _ in forwarded], [s for _, _, s in forwarded]
+            )
         if self._shared is not None:
             self._shared.add(kinds, sums, upstream_counts, upstream_sums)
 
@@ -227,7 +234,7 @@ class RequestMetrics:
 
 
 def _sums(keys: list[Any], values: Sequence[float]) -> dict[Any, float]:
-    """The sum of ``values`` by key."""
+    """The sum of ``values`` by key (each key's values added in order, from 0.0)."""
     sums: dict[Any, float] = {}
     for key, value in zip(keys, values, strict=True):
         sums[key] = sums.get(key, 0.0) + value

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gateway.telemetry import ACCESS_LOGGER, AccessLogHandler, RequestRecord, accesslog
@@ -219,6 +219,9 @@ _records = st.builds(
 
 @settings(max_examples=300, deadline=None)
 @given(records=st.lists(_records, min_size=1, max_size=6), created=st.floats(1e9, 2e9))
+@example(records=[RECORD], created=1764475200.0)  # the first millisecond of a second
+@example(records=[RECORD], created=1764475200.9995)  # its last
+@example(records=[RECORD], created=math.nextafter(1764475201.0, 0.0))  # rounds to 1000 ms: 999
 def test_the_remembered_line_is_the_plain_line_byte_for_byte(records: list[RequestRecord], created: float) -> None:
     handler = AccessLogHandler(io.StringIO())
     for r in records + records:  # the second time from the remembered text
