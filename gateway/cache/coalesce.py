@@ -6,7 +6,7 @@ import asyncio
 
 from .keys import CacheKey
 from .policy import CacheEntry
-from .stale import Failed, Stale
+from .stale import Abandoned, Failed, Stale
 
 __all__ = ["Coalescer"]
 
@@ -19,14 +19,16 @@ class Coalescer:
     resolves to that value. ``None`` tells followers to go upstream on their own (the
     answer was private, an error, or the leader gave up); a :class:`~gateway.cache.stale.Failed`
     that the leader could not fetch it (they answer its failure); a :class:`~gateway.cache.stale.Stale`
-    entry, to answer from it stale (the leader's fetch failed: stale-if-error). A background
+    entry, to answer from it stale (the leader's fetch failed: stale-if-error); an
+    :class:`~gateway.cache.stale.Abandoned`, to read the key again (the leader stopped before an
+    answer: one of them leads now). A background
     refresh (refresh-ahead) leads its key the same way.
     """
 
     def __init__(self) -> None:
-        self._inflight: dict[CacheKey, asyncio.Future[CacheEntry | Stale | Failed | None]] = {}
+        self._inflight: dict[CacheKey, asyncio.Future[CacheEntry | Stale | Failed | Abandoned | None]] = {}
 
-    def claim(self, key: CacheKey) -> asyncio.Future[CacheEntry | Stale | Failed | None] | None:
+    def claim(self, key: CacheKey) -> asyncio.Future[CacheEntry | Stale | Failed | Abandoned | None] | None:
         """``None`` if the caller now leads ``key``; else the leader's future to await."""
         fut = self._inflight.get(key)
         if fut is not None:
@@ -34,7 +36,7 @@ class Coalescer:
         self._inflight[key] = asyncio.get_running_loop().create_future()
         return None
 
-    def release(self, key: CacheKey, entry: CacheEntry | Stale | Failed | None) -> None:
+    def release(self, key: CacheKey, entry: CacheEntry | Stale | Failed | Abandoned | None) -> None:
         """Publish the leader's outcome for ``key`` to its followers."""
         fut = self._inflight.pop(key, None)
         if fut is not None and not fut.done():

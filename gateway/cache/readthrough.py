@@ -32,7 +32,7 @@ from ..tasks import BackgroundTasks
 from .coalesce import Coalescer
 from .keys import CacheKey
 from .policy import CacheEntry, StoreOutcome, build_entry, store_outcome
-from .stale import Backoff, Failed, Stale
+from .stale import ABANDONED, Abandoned, Backoff, Failed, Stale
 from .store import CacheStore, Clock
 
 if TYPE_CHECKING:
@@ -158,15 +158,16 @@ class Lead:
         self.release(entry)
         return outcome, entry
 
-    def release(self, outcome: CacheEntry | Stale | Failed | None) -> None:
+    def release(self, outcome: CacheEntry | Stale | Failed | Abandoned | None) -> None:
         """Hand ``outcome`` to the followers, once."""
         if self.leading:
             self.leading = False
             self._through.coalescer.release(self.key, outcome)
 
     def close(self) -> None:
-        """The read ended: followers not answered yet go alone; the cluster's lead ends."""
-        self.release(None)
+        """The read ended: followers not answered yet read the key again (the leader stopped
+        before the upstream answered); the cluster's lead ends."""
+        self.release(ABANDONED)
         if self.flight is not None and (shared := self._through.shared) is not None:
             shared.finish(self.flight, self.key, None)  # a no-op once keep finished it
 
@@ -227,8 +228,13 @@ class ReadThrough:
             leader's failure (one of ``failures``) with its own ``request_id``.
         """
         waiter = self.coalescer.claim(key)
-        if waiter is not None:
+        while waiter is not None:
             got = await asyncio.shield(waiter)
+            if got is ABANDONED:  # the leader stopped first: lead now, or follow whoever does
+                if (entry := self.store.get(key)) is not None:
+                    return Cached(entry)
+                waiter = self.coalescer.claim(key)
+                continue
             if isinstance(got, CacheEntry):
                 return Cached(got, collapsed=True)
             if isinstance(got, Stale):

@@ -17,7 +17,7 @@ from .policy import CacheEntry
 if TYPE_CHECKING:  # the type only: gateway.errors is aiohttp's side, and this package has none
     from ..errors import GatewayError
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_MAX_S", "Backoff", "Failed", "Stale"]
+__all__ = ["ABANDONED", "BACKOFF_BASE_S", "BACKOFF_MAX_S", "Abandoned", "Backoff", "Failed", "Stale"]
 
 #: After a failed attempt on a key that has a stale entry, that entry answers without the
 #: upstream being asked for this long, in seconds ...
@@ -42,6 +42,21 @@ class Failed(NamedTuple):
     same failing upstream at once."""
 
     error: GatewayError
+
+
+class Abandoned:
+    """What a coalescing leader that stopped before the upstream answered hands its followers
+    (its caller went away, or its own request could not be sent): they read the key again, one
+    of them leading, rather than each going upstream alone."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ABANDONED"
+
+
+#: The one :class:`Abandoned`.
+ABANDONED: Final = Abandoned()
 
 
 class Backoff:

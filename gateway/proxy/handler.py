@@ -110,7 +110,8 @@ class Proxy:
         assert parsed is not None and ex.upstream is not None
         key, bypass = self.key(ex.upstream, parsed, ex.request)
         if key is None:
-            ex.lookup = CacheLookup.BYPASS if bypass != "uncacheable" else None
+            # Counted as a bypass unless the key could not be written (the cache was asked).
+            ex.lookup = CacheLookup.BYPASS if parsed.cache_bypass is not None or not self.caching else None
             ex.detail = bypass
             return None
         ex.key = key

@@ -126,9 +126,14 @@ class Pipeline:
             parsed: ParsedRequest | None = None
             if route.reads_body:
                 route.admit(ex)
-                body = self.body_now(request)
-                if body is None:
-                    body = await self.read_body(request)
+                try:
+                    body = self.body_now(request)
+                    if body is None:
+                        body = await self.read_body(request)
+                except GatewayError:  # too large, too slow, undecodable: told once authenticated
+                    self.authenticate(request, None)
+                    route.resolve(ex, None)
+                    raise
                 ex.body = body
                 parsed = self.parse(ex, body, route)
             else:
@@ -195,9 +200,14 @@ class Pipeline:
 
         Raises:
             RequestTimeout: the body did not arrive in time (HTTP 408).
-            PayloadTooLarge: the body is larger (HTTP 413).
+            PayloadTooLarge: the body is larger, or its ``Content-Length`` says it would be,
+                before any of it is read (HTTP 413; the connection is closed after it).
             ParseError: the body does not decode as its ``Content-Encoding`` says (HTTP 400).
         """
+        if (request.content_length or 0) > self.max_body:  # refused before it is sent
+            err = PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+            err.close_connection = True  # the body may follow: the connection cannot be reused
+            raise err
         try:
             # Bounded in time as well as size: the body is read before the token is checked.
             async with asyncio.timeout(self.body_timeout_s):

@@ -594,7 +594,9 @@ async def test_metrics_count_hits_and_misses(make_env: Any) -> None:
     await env.post(rpc("tools/list"))
     await env.post(rpc("tools/list"))
     await env.post(rpc("vendor/secret-method"))  # not a spec method: labelled "other"
+    await env.post(rpc("tools/call", name="x"), headers=mcp_headers("tools/call", name="x"))  # never cached
     text = await (await env.client.get("/metrics")).text()
+    assert 'mcp_gateway_cache_lookups_total{method="tools/call",result="bypass",upstream="up"} 1.0' in text
     assert 'mcp_gateway_requests_total{method="other",status="200",upstream="up"} 1.0' in text
     assert "secret-method" not in text
     assert 'mcp_gateway_cache_lookups_total{method="tools/list",result="hit",upstream="up"} 1.0' in text

@@ -4,6 +4,7 @@ the same way, whatever the route supplies."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -82,3 +83,31 @@ async def test_a_hit_needs_the_token_like_everything_else(client: TestClient[Any
     assert "hit" in resp.headers["Cache-Status"]
     resp = await client.post("/servers/up/mcp", json=body, headers=mcp_headers("tools/list"))
     assert resp.status == 401 and "hit" not in resp.headers["Cache-Status"]
+
+
+@pytest.mark.parametrize("path", ["/servers/up/mcp", "/servers/nope/mcp", "/mcp"])
+async def test_a_body_that_does_not_decode_is_told_only_to_an_authenticated_caller_of_a_known_route(
+    client: TestClient[Any, Any], path: str
+) -> None:
+    headers = {**mcp_headers("tools/list"), "Content-Encoding": "gzip", "Connection": "close"}
+    resp = await client.post(path, data=b"this is not gzip", headers=headers)
+    assert resp.status == 401
+    resp = await client.post(path, data=b"this is not gzip", headers={**headers, "Authorization": f"Bearer {TOKEN}"})
+    assert resp.status == (404 if "nope" in path else 400)
+
+
+async def test_a_declared_length_over_the_bound_is_413_at_once_without_waiting_for_the_body(
+    client: TestClient[Any, Any],
+) -> None:
+    # The caller sends the headers only: the answer must not wait for a body it will not get.
+    port = client.server.port
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = "".join(f"{k}: {v}\r\n" for k, v in mcp_headers("tools/list").items())
+    writer.write(
+        f"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"{head}Content-Length: 99999999\r\n\r\n".encode()
+    )
+    await writer.drain()
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    writer.close()
+    assert status_line.startswith(b"HTTP/1.1 413"), status_line

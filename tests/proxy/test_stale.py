@@ -200,6 +200,32 @@ async def test_a_busy_upstream_after_expiry_is_answered_stale_and_asked_again_as
     assert upstream.count("tools/list") == 2
 
 
+async def test_callers_waiting_on_a_leader_whose_caller_hung_up_share_one_attempt_and_its_stale_answer(
+    start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock
+) -> None:
+    # The leader's caller goes away while the failing upstream is slow: its handler is
+    # cancelled before any answer. The callers that waited on it read the key again, one of
+    # them leading: one more attempt, and its stale answer for all, not one attempt each.
+    upstream, _, gw = await start_env()
+    await call(http, gw)
+    fake_clock.advance(TTL_MS / 1000 + 0.2)
+    upstream.mode, upstream.delay_s = "garbage200", 0.5
+    leader = asyncio.create_task(call(http, gw, id_="leader"))
+    for _ in range(500):
+        if upstream.count("tools/list") == 2:
+            break
+        await asyncio.sleep(0.01)
+    followers = [asyncio.create_task(call(http, gw, id_=f"f{i}")) for i in range(3)]
+    await asyncio.sleep(0.1)  # they wait on the leader (the upstream takes 0.5 s)
+    leader.cancel()  # its connection closes: the gateway cancels its handler
+    statuses = []
+    for i, (status, cache_status, body) in enumerate(await asyncio.gather(*followers)):
+        assert_stale((status, cache_status.removesuffix("; collapsed"), body), f"f{i}", 1)
+        statuses.append(cache_status)
+    assert sum(s.endswith("; collapsed") for s in statuses) == 2  # two waited on the third
+    assert upstream.count("tools/list") == 3  # the first store, the leader's, one for the three
+
+
 @pytest.mark.parametrize("mode", ["html503", "hang"])
 async def test_a_failing_upstream_beyond_the_window_gives_its_error(
     start_env: StartEnv, http: aiohttp.ClientSession, fake_clock: FakeClock, mode: str
