@@ -2,7 +2,8 @@
 
 Modules, lower first: ``names`` (exposed names, URIs and the gateway's cursors), ``rewrite``
 (a caller's body for a member, one value changed), ``compose`` (hints, items, discover; no I/O),
-``parts`` (one member's answer through the cache), ``members`` (a member's pages, bounded),
+``fleet`` (what ``/mcp`` needs of the per-upstream routes), ``parts`` (one member's answer
+through the cache), ``members`` (a member's pages, bounded),
 ``listen`` (the listening clients), ``handler`` (the route).
 """
 
