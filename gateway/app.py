@@ -260,8 +260,8 @@ async def _readyz(request: web.Request) -> web.Response:
 async def _purge(request: web.Request) -> web.Response:
     """``POST /admin/cache/purge?upstream=NAME&method=METHOD``: drop matching entries.
 
-    Needs ``Authorization: Bearer <admin token>`` (401 otherwise); an unknown upstream or method
-    is a 400. Answers ``{"purged": <local count>}``; with ``[cluster]`` also ``"cluster"``:
+    Needs ``Authorization: Bearer <admin token>`` (401 otherwise); an unknown upstream, method or
+    query parameter is a 400. Answers ``{"purged": <local count>}``; with ``[cluster]`` also ``"cluster"``:
     ``"done"`` (200) when every replica and the shared tier have it, or ``"pending"`` (503, with
     ``"detail"``) when Redis did not take it (down, refusing writes, too slow): the entries here
     are gone, the invalidation is sent again until Redis takes it, and meanwhile the replicas
@@ -271,6 +271,10 @@ async def _purge(request: web.Request) -> web.Response:
     assert config.admin is not None
     if not bearer_matches(request.headers.get("Authorization"), (config.admin.token.encode(),)):
         return error_response(Unauthorized(realm="mcp-gateway-admin"))
+    # A misspelt key must not widen a purge to every entry: only these two are known.
+    unknown = sorted(set(request.query) - {"upstream", "method"})
+    if unknown:
+        return web.json_response({"error": f"unknown query parameter {unknown[0]!r} (upstream, method)"}, status=400)
     upstream = request.query.get("upstream")
     method = request.query.get("method")
     if upstream is not None and upstream not in config.upstreams:

@@ -425,7 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "check-config":
             config = _load(args.path)
-            summary = f"{len(config.upstreams)} upstreams: {', '.join(config.upstreams) or 'none'}"
+            count = len(config.upstreams)
+            summary = f"{count} upstream{'' if count == 1 else 's'}: {', '.join(config.upstreams) or 'none'}"
             if config.aggregate is not None:
                 summary += f"; POST /mcp of {', '.join(config.aggregate_members())}"
             print(f"{args.path}: ok ({summary})")

@@ -196,19 +196,21 @@ async def test_stalled_bodies_are_answered_408_in_time_and_other_callers_are_ser
     assert port is not None
     head = (
         b"POST /servers/up/mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 100000\r\n\r\n"
+        b"Content-Length: 100000\r\n"
     )
+    # Half with the token (408), half without (401: the token is checked before the body's fault is told).
+    heads = [head + (f"Authorization: Bearer {TOKEN}\r\n".encode() if i % 2 else b"") + b"\r\n" for i in range(200)]
     started = time.monotonic()
-    stalled = [asyncio.ensure_future(raw_exchange(port, head, b'{"jsonrpc":', read_s=8.0)) for _ in range(200)]
+    stalled = [asyncio.ensure_future(raw_exchange(port, h, b'{"jsonrpc":', read_s=8.0)) for h in heads]
     await asyncio.sleep(0.1)
     headers = mcp_headers("tools/list", Authorization=f"Bearer {TOKEN}")
     async with http.post(gw.url("up"), json=rpc("tools/list"), headers=headers) as resp:
         assert resp.status == 200  # served while 200 bodies stall
     answers = await asyncio.gather(*stalled)
     assert time.monotonic() - started < 6.0
-    for raw in answers:
+    for i, raw in enumerate(answers):
         status, body = status_and_json(raw)
-        assert status == 408 and body["error"]["code"] == -32600
+        assert status == (408 if i % 2 else 401) and body["error"]["code"] == -32600
     assert upstream.requests and all(r.method == "tools/list" for r in upstream.requests)
 
 

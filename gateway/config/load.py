@@ -152,7 +152,10 @@ def _problems(exc: ValidationError, source: str | None) -> str:
                 break
             path.append(part)
         loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
-        msg = _unknown_key(tuple(path)) if err["type"] == "extra_forbidden" else err["msg"]
+        # pydantic prefixes a validator's own message with "Value error, ": the message is ours alone.
+        msg = (
+            _unknown_key(tuple(path)) if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        )
         at = lines.get(tuple(path)) or (lines.get(tuple(path[:-1])) if err["type"] == "missing" and path else None)
         if at and len(at) == 1:
             out.append((at[0], f"line {at[0]}: {loc}: {msg}"))

@@ -584,6 +584,14 @@ async def test_admin_purge_requires_the_token_and_counts_removed_entries(make_en
     assert resp.status == 400
 
 
+async def test_admin_purge_with_a_misspelt_query_parameter_purges_nothing(make_env: Any) -> None:
+    env = await make_env(admin={"token": ADMIN})
+    await env.post(rpc("tools/list"))
+    resp = await env.client.post("/admin/cache/purge?mehtod=tools/list", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert resp.status == 400 and "mehtod" in (await resp.json())["error"]
+    assert "hit" in (await env.post(rpc("tools/list"))).headers["Cache-Status"]  # still cached
+
+
 async def test_admin_routes_do_not_exist_without_an_admin_token(make_env: Any) -> None:
     env = await make_env()
     assert (await env.client.post("/admin/cache/purge")).status == 404
