@@ -1,0 +1,407 @@
+"""Config reload without a restart (gateway.reload): what a reload keeps, drops and adds, that an
+invalid file changes nothing, and that requests in flight finish on the config they began with.
+
+The diff is tested in-process; the rest against real ``mcp-gateway serve`` processes
+(tests/support/replicas.py, one replica) in front of real SDK upstreams (tests/servers/), reloaded
+with ``SIGHUP`` (``os.kill``) or ``POST /admin/reload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tomllib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from gateway.app import METRICS, REGISTRY, RELOADER, create_app
+from gateway.config import parse_config, read_config
+from gateway.reload import ConfigDiff, diff_configs
+
+from .support.fleet import HOST, REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port, reset_counts, run_server
+from .support.polling import wait_until
+from .support.replicas import ADMIN_TOKEN, Replicas, dump_toml
+from .support.reply import Reply
+from .support.wire import mcp_headers, rpc, sse_events
+
+# -- the diff, in-process ----------------------------------------------------------------------------
+
+
+def config_of(**upstreams: Mapping[str, Any]) -> Any:
+    return parse_config(
+        {"upstreams": {name: {"url": "http://127.0.0.1:1/mcp", **up} for name, up in upstreams.items()}}
+    )
+
+
+def test_the_diff_sorts_upstreams_into_added_removed_changed_and_retuned() -> None:
+    before = config_of(a={}, b={}, c={}, d={"timeout_s": 5})
+    after = config_of(a={}, c={"headers": {"X-Tag": "2"}}, d={"timeout_s": 9}, e={})
+    assert diff_configs(before, after) == ConfigDiff(added=("e",), removed=("b",), changed=("c",), retuned=("d",))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"url": "http://127.0.0.1:2/mcp"},
+        {"headers": {"Authorization": "Bearer other"}},
+        {"forward_authorization": True},
+        {"vary_on_client_capabilities": False},
+    ],
+)
+def test_an_answer_changing_setting_makes_the_upstream_changed(change: dict[str, Any]) -> None:
+    diff = diff_configs(config_of(a={}), config_of(a=change))
+    assert (diff.changed, diff.retuned, diff.dropped, diff.fresh) == (("a",), (), ("a",), ("a",))
+
+
+def test_the_cache_default_for_capabilities_changes_the_upstreams_that_follow_it() -> None:
+    before = parse_config({"upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}})
+    after = parse_config(
+        {"cache": {"vary_on_client_capabilities": False}, "upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}}
+    )
+    assert diff_configs(before, after).changed == ("a",)
+
+
+def test_the_diff_names_the_keys_that_need_a_restart() -> None:
+    up = {"a": {"url": "http://127.0.0.1:1/mcp"}}
+    before = parse_config({"listener": {"port": 8080}, "upstreams": up})
+    after = parse_config(
+        {
+            "listener": {"port": 8081, "max_body_bytes": 1000},
+            "cluster": {"redis_url": "redis://127.0.0.1:6379/0"},
+            "admin": {"token": "t" * 16},
+            "upstreams": up,
+        }
+    )
+    assert diff_configs(before, after).not_applied == ("listener.port", "listener.max_body_bytes", "cluster", "admin")
+
+
+def test_an_unchanged_config_changes_nothing() -> None:
+    assert diff_configs(config_of(a={}, b={}), config_of(a={}, b={})) == ConfigDiff()
+
+
+# -- real processes ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def up_a() -> Iterator[Upstream]:
+    with run_server("public_upstream") as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def up_b() -> Iterator[Upstream]:
+    with run_server("public_upstream") as up:
+        yield up
+
+
+@pytest.fixture
+async def counted(up_a: Upstream, up_b: Upstream) -> tuple[Upstream, Upstream]:
+    """The two upstreams, their counts and recorded requests cleared."""
+    await reset_counts(up_a)
+    await reset_counts(up_b)
+    return up_a, up_b
+
+
+@contextlib.asynccontextmanager
+async def gateway(tmp_path: Path, config: Mapping[str, Any]) -> AsyncIterator[Replicas]:
+    """One ``mcp-gateway serve`` process of ``config`` (with an ``[admin]`` table), stopped at the end."""
+    gw = Replicas(config, 1, tmp_path)
+    try:
+        await gw.start_all()
+        yield gw
+    finally:
+        await gw.close()
+
+
+def rewrite(gw: Replicas, config: Mapping[str, Any]) -> str:
+    """``config`` as the gateway's file (its port and admin token kept unless ``config`` sets them);
+    the SHA-256 of the bytes written."""
+    path = gw[0].config_path
+    current = tomllib.loads(path.read_text())
+    one = copy.deepcopy(dict(config))
+    one.setdefault("admin", current["admin"])
+    one["listener"] = {**current["listener"], **one.get("listener", {})}
+    text = dump_toml(one)
+    path.write_text(text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def served_sha(gw: Replicas) -> str | None:
+    _, body = await gw.get(0, "/readyz")
+    return body.get("config_sha256") if isinstance(body, dict) else None
+
+
+async def sighup(gw: Replicas, sha256: str) -> None:
+    """``SIGHUP`` to the gateway, and wait until it serves the file of ``sha256``."""
+    assert gw[0].process is not None
+    os.kill(gw[0].process.pid, signal.SIGHUP)
+
+    async def serving() -> bool:
+        return await served_sha(gw) == sha256
+
+    await wait_until(serving, limit_s=10, what=f"the gateway to serve config {sha256[:12]}")
+
+
+async def admin_reload(http: aiohttp.ClientSession, gw: Replicas) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with http.post(f"{gw.base_url(0)}/admin/reload", headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def tools_list(http: aiohttp.ClientSession, url: str, id_: int = 1) -> Reply:
+    body = json.dumps(rpc("tools/list", id_)).encode()
+    async with http.post(url, data=body, headers=mcp_headers("tools/list")) as resp:
+        return Reply(resp.status, resp.headers, await resp.read())
+
+
+async def steady_load(
+    http: aiohttp.ClientSession, urls: list[str], stop: asyncio.Event, *, callers: int = 4, most: int = 3000
+) -> tuple[int, list[str]]:
+    """``callers`` concurrent callers sending ``tools/list`` round the ``urls`` until ``stop``
+    (at most ``most`` requests each): how many were sent, and the failures."""
+    failures: list[str] = []
+    sent = 0
+
+    async def caller(index: int) -> None:
+        nonlocal sent
+        for i in range(most):
+            if stop.is_set():
+                return
+            url = urls[(index + i) % len(urls)]
+            try:
+                reply = await tools_list(http, url, i)
+                if reply.status != 200 or "result" not in reply.json:
+                    failures.append(f"{url}: HTTP {reply.status} {reply.raw[:200]!r}")
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failures.append(f"{url}: {exc!r}")
+            sent += 1
+
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    return sent, failures
+
+
+def public(up: Upstream, **more: Any) -> dict[str, Any]:
+    return {"url": up.url, **more}
+
+
+async def test_an_upstream_added_to_the_file_is_served_within_2_s_of_sighup_and_no_other_request_fails(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    async with gateway(tmp_path, {"upstreams": {"a": public(up_a)}}) as gw:
+        assert (await tools_list(http, gw.url(0, "b"))).status == 404
+        stop = asyncio.Event()
+        load = asyncio.create_task(steady_load(http, [gw.url(0, "a")], stop))
+        await wait_until(lambda: fetch_counts(up_a), what="the load to start")
+        sha = rewrite(gw, {"upstreams": {"a": public(up_a), "b": public(up_b)}})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert gw[0].process is not None
+        os.kill(gw[0].process.pid, signal.SIGHUP)
+
+        async def b_served() -> bool:
+            reply = await tools_list(http, gw.url(0, "b"))
+            return reply.status == 200 and "result" in reply.json
+
+        await wait_until(b_served, limit_s=2, what="upstream b to be served")
+        took = loop.time() - started
+        probed = (await fetch_counts(up_b)).get("server/discover", 0)
+        stop.set()
+        sent, failures = await load
+        assert await served_sha(gw) == sha
+    assert failures == [], failures[:5]
+    assert sent > 0 and took < 2.0
+    assert probed >= 1  # probed at once, not at the next probe interval
+
+
+async def test_a_removed_upstream_answers_unknown_upstream_and_loses_its_entries_while_the_others_still_hit(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    both = {"upstreams": {"a": public(up_a), "b": public(up_b)}}
+    async with gateway(tmp_path, both) as gw:
+        for name in ("a", "b"):
+            await tools_list(http, gw.url(0, name))
+            assert (await tools_list(http, gw.url(0, name))).cache_hit
+        await sighup(gw, rewrite(gw, {"upstreams": {"a": public(up_a)}}))
+        gone = await tools_list(http, gw.url(0, "b"), 7)
+        assert gone.status == 404 and gone.json["error"]["code"] == -32601 and gone.json["id"] == 7
+        assert (await tools_list(http, gw.url(0, "a"))).cache_hit
+        assert await gw.metric(0, "mcp_gateway_cache_evictions_total", reason="reload") == 1
+        await sighup(gw, rewrite(gw, both))  # back: its old entry is not
+        again = await tools_list(http, gw.url(0, "b"))
+        assert again.status == 200 and not again.cache_hit
+        assert (await fetch_counts(up_b))["tools/list"] == 2
+        assert (await fetch_counts(up_a))["tools/list"] == 1
+
+
+async def test_a_changed_header_makes_the_next_request_a_miss_that_carries_the_new_header(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    tagged = {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "one"}), "b": public(up_b, timeout_s=30)}}
+    async with gateway(tmp_path, tagged) as gw:
+        for name in ("a", "b"):
+            await tools_list(http, gw.url(0, name))
+        retagged = {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "two"}), "b": public(up_b, timeout_s=9)}}
+        sha = rewrite(gw, retagged)
+        status, body = await admin_reload(http, gw)
+        assert (status, body["config_sha256"], body["changed"], body["retuned"]) == (200, sha, ["a"], ["b"])
+        after = await tools_list(http, gw.url(0, "a"))
+        assert after.status == 200 and not after.cache_hit
+        assert (await tools_list(http, gw.url(0, "b"))).cache_hit  # retuned: its entry kept
+    lists = [r for r in await fetch_requests(up_a) if r.json().get("method") == "tools/list"]
+    assert [r.header("X-Fleet-Tag") for r in lists] == ["one", "two"]
+
+
+async def test_a_secret_file_is_read_again_at_each_reload(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, _ = counted
+    secret = tmp_path / "secret"
+    secret.write_text("first-secret\n")
+    config = {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": f"${{file:{secret}}}"})}}
+    async with gateway(tmp_path, config) as gw:
+        await tools_list(http, gw.url(0, "a"))
+        secret.write_text("second-secret\n")  # the config file itself is unchanged
+        status, body = await admin_reload(http, gw)
+        assert (status, body["changed"]) == (200, ["a"])
+        assert not (await tools_list(http, gw.url(0, "a"))).cache_hit
+    lists = [r for r in await fetch_requests(up_a) if r.json().get("method") == "tools/list"]
+    assert [r.header("X-Fleet-Tag") for r in lists] == ["first-secret", "second-secret"]
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[cache]\nmax_ttl_msec = 5\n[upstreams.a]\nurl = "URL"\n', "cache.max_ttl_msec: unknown key"),
+        ('[upstreams.a]\nurl = "URL"\ntimeout_s = "soon"\n', "upstreams.a.timeout_s"),
+        ("[upstreams.a\n", "invalid TOML"),
+    ],
+)
+async def test_an_invalid_file_is_refused_with_check_configs_message_and_the_old_config_still_serves(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream], text: str, named: str
+) -> None:
+    up_a, _ = counted
+    async with gateway(tmp_path, {"upstreams": {"a": public(up_a)}}) as gw:
+        await tools_list(http, gw.url(0, "a"))
+        serving = await served_sha(gw)
+        path = gw[0].config_path
+        path.write_text(text.replace("URL", up_a.url))
+        status, body = await admin_reload(http, gw)
+        check = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "check-config", str(path),
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO_ROOT,
+        )  # fmt: skip
+        _, stderr = await asyncio.wait_for(check.communicate(), 60)
+        assert (status, body["reloaded"], body["config_sha256"]) == (400, False, serving)
+        assert named in body["error"]
+        assert check.returncode == 2 and stderr.decode().strip() == f"mcp-gateway: {body['error']}"
+        assert (await tools_list(http, gw.url(0, "a"))).cache_hit
+        assert await served_sha(gw) == serving
+        assert await gw.metric(0, "mcp_gateway_config_reloads_total", outcome="failed") == 1
+        assert await gw.metric(0, "mcp_gateway_config_info", sha256=str(serving)) == 1
+        assert "config reload failed" in gw.log(0)
+
+
+async def test_a_stream_in_flight_finishes_across_a_reload_that_removes_its_upstream(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    async with gateway(tmp_path, {"upstreams": {"a": public(up_a), "b": public(up_b)}}) as gw:
+        params = {"name": "slow_progress", "arguments": {"steps": 10, "delay_ms": 150}}
+        body = json.dumps(rpc("tools/call", 5, meta={"progressToken": "p"}, **params)).encode()
+        headers = mcp_headers("tools/call", "slow_progress")
+        raw = b""
+        async with http.post(gw.url(0, "a"), data=body, headers=headers) as resp:
+            assert resp.content_type == "text/event-stream"
+            reloaded = None
+            async for chunk in resp.content.iter_any():
+                raw += chunk
+                if reloaded is None and sse_events(raw, at_eof=False):
+                    rewrite(gw, {"upstreams": {"b": public(up_b)}})
+                    reloaded = await admin_reload(http, gw)
+                    assert reloaded[0] == 200 and reloaded[1]["removed"] == ["a"]
+        messages = [json.loads(event) for event in sse_events(raw)]
+        assert reloaded is not None
+        assert messages[-1]["id"] == 5 and messages[-1]["result"]["structuredContent"] == {
+            "result": "done after 10 steps"
+        }
+        assert len([m for m in messages if m.get("method") == "notifications/progress"]) == 10
+        assert (await tools_list(http, gw.url(0, "a"))).status == 404
+
+
+async def test_a_listener_change_is_named_as_not_applied_and_the_rest_applies(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    async with gateway(tmp_path, {"upstreams": {"a": public(up_a)}}) as gw:
+        moved = {"listener": {"port": free_port(), "max_body_bytes": 100_000}, "upstreams": {"a": public(up_a)}}
+        moved["upstreams"]["b"] = public(up_b)
+        rewrite(gw, moved)
+        status, body = await admin_reload(http, gw)
+        assert (status, body["not_applied"], body["added"]) == (
+            200,
+            ["listener.port", "listener.max_body_bytes"],
+            ["b"],
+        )
+        assert "listener.port" in body["detail"] and "restart" in body["detail"]
+        assert (await tools_list(http, gw.url(0, "b"))).status == 200  # on the port it listens on
+        assert "not applied, a restart needed: listener.port, listener.max_body_bytes" in gw.log(0)
+
+
+async def test_twenty_reloads_in_a_row_under_load_fail_no_request_and_leave_no_task_behind(
+    tmp_path: Path, counted: tuple[Upstream, Upstream]
+) -> None:
+    # In-process, to count the event loop's tasks; the gateway's own client session and sockets.
+    up_a, up_b = counted
+    path = tmp_path / "gw.toml"
+    config: dict[str, Any] = {"admin": {"token": ADMIN_TOKEN}, "upstreams": {"a": public(up_a), "b": public(up_b)}}
+    path.write_text(dump_toml(config))
+    loaded = read_config(path)
+    app = create_app(loaded.config, config_sha256=loaded.sha256, reload_source=lambda: read_config(path))
+    server = TestServer(app, host=HOST)
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
+    urls = [f"{base}/servers/a/mcp", f"{base}/servers/b/mcp"]
+    try:
+        await wait_until(lambda: app[REGISTRY].ready, what="every upstream probed once")
+        before = len(asyncio.all_tasks())
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as http:
+            load = asyncio.create_task(steady_load(http, urls, stop))
+            for i in range(20):  # c comes and goes, a is retuned each time (its entries stay)
+                step = copy.deepcopy(config)
+                step["upstreams"]["a"]["timeout_s"] = 10 + i
+                if i % 2 == 0:
+                    step["upstreams"]["c"] = public(up_b, headers={"X-Fleet-Tag": str(i)})
+                path.write_text(dump_toml(step))
+                async with http.post(f"{base}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
+                    assert r.status == 200, await r.text()
+                await tools_list(http, urls[0])  # the load goes on between two reloads
+            path.write_text(dump_toml(config))
+            assert app[RELOADER].reload().error is None
+            stop.set()
+            sent, failures = await load
+        assert failures == [], failures[:5]
+        assert sent > 0
+
+        def settled() -> bool:
+            return len(asyncio.all_tasks()) <= before
+
+        await wait_until(settled, limit_s=10, what=f"the event loop's tasks to come back to {before}")
+        assert app[METRICS].config_reloads.labels("ok")._value.get() == 21
+    finally:
+        await server.close()
