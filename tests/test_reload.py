@@ -160,9 +160,11 @@ async def admin_reload(http: aiohttp.ClientSession, gw: Replicas) -> tuple[int, 
         return resp.status, await resp.json()
 
 
-async def tools_list(http: aiohttp.ClientSession, url: str, id_: int = 1) -> Reply:
+async def tools_list(
+    http: aiohttp.ClientSession, url: str, id_: int = 1, headers: Mapping[str, str] | None = None
+) -> Reply:
     body = json.dumps(rpc("tools/list", id_)).encode()
-    async with http.post(url, data=body, headers=mcp_headers("tools/list")) as resp:
+    async with http.post(url, data=body, headers={**mcp_headers("tools/list"), **(headers or {})}) as resp:
         return Reply(resp.status, resp.headers, await resp.read())
 
 
@@ -316,6 +318,37 @@ async def test_an_invalid_file_is_refused_with_check_configs_message_and_the_old
         assert "config reload failed" in gw.log(0)
 
 
+async def test_a_smaller_max_entries_evicts_down_to_it_at_the_reload(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    config: dict[str, Any] = {"upstreams": {"a": public(up_a), "b": public(up_b)}}
+    async with gateway(tmp_path, config) as gw:
+        for name in ("a", "b"):
+            await tools_list(http, gw.url(0, name))
+        assert await gw.metric(0, "mcp_gateway_cache_entries") == 2
+        rewrite(gw, {**config, "cache": {"max_entries": 1}})
+        status, body = await admin_reload(http, gw)
+        assert (status, body["retuned"], body["changed"]) == (200, [], [])
+        assert await gw.metric(0, "mcp_gateway_cache_entries") == 1
+        assert (await tools_list(http, gw.url(0, "b"))).cache_hit  # the most recently used one stays
+
+
+async def test_new_auth_tokens_apply_from_the_next_request(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, _ = counted
+    config: dict[str, Any] = {"upstreams": {"a": public(up_a)}}
+    async with gateway(tmp_path, config) as gw:
+        assert (await tools_list(http, gw.url(0, "a"))).status == 200
+        token = "reloaded-caller-token-0123456789"
+        rewrite(gw, {**config, "auth": {"tokens": [token]}})
+        assert (await admin_reload(http, gw))[0] == 200
+        assert (await tools_list(http, gw.url(0, "a"))).status == 401
+        with_token = await tools_list(http, gw.url(0, "a"), headers={"Authorization": f"Bearer {token}"})
+        assert with_token.status == 200 and with_token.cache_hit
+
+
 async def test_a_stream_in_flight_finishes_across_a_reload_that_removes_its_upstream(
     tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
 ) -> None:
@@ -405,3 +438,18 @@ async def test_twenty_reloads_in_a_row_under_load_fail_no_request_and_leave_no_t
         assert app[METRICS].config_reloads.labels("ok")._value.get() == 21
     finally:
         await server.close()
+
+
+def test_a_gateway_with_cluster_refuses_to_reload_and_says_why(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        dump_toml(
+            {"cluster": {"redis_url": "redis://127.0.0.1:1/0"}, "upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}}
+        )
+    )
+    loaded = read_config(path)
+    app = create_app(loaded.config, config_sha256=loaded.sha256, reload_source=lambda: read_config(path))
+    outcome = app[RELOADER].reload()
+    assert (outcome.status, outcome.sha256) == (409, loaded.sha256)
+    assert outcome.error is not None and "[cluster]" in outcome.error and "restart" in outcome.error
+    assert app[METRICS].config_reloads.labels("failed")._value.get() == 1
