@@ -26,7 +26,7 @@ from .generation import AppParts, Generation, Live, build_generation
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
 from .registry import Registry
-from .reload import Reloader
+from .reload import Reloader, track_upstream
 from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
@@ -106,7 +106,6 @@ def create_app(
         keep_stale=any(config.stale_if_error_ms(name) > 0 for name in config.upstreams),
     )
     metrics.track_store(store)
-    upstreams: dict[str, Upstream] = {}
     cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None
     # What other workers of this group send is applied here; the store tells the hub.
     bus = WorkerBus(worker_bus, store.purge) if worker_bus else None
@@ -173,18 +172,18 @@ def create_app(
         )
         for name, up_config in config.upstreams.items():
             upstream = upstreams[name] = Upstream(name, up_config, session)
-            metrics.track_inflight(name, _inflight_of(upstream))
+            track_upstream(metrics, upstream)
         parts.session = session
         app[READY][0] = True
         yield
         app[READY][0] = False
-        parts.session = None
         await session.close()
 
     async def registry_tasks(app: web.Application) -> AsyncIterator[None]:
         # After client_session: the probes and listen streams use its Upstream objects.
         registry.start(upstreams)
         yield
+        parts.session = None  # no reload from now on: it would start probes past this stop
         await registry.stop()
 
     async def close_streams(app: web.Application) -> None:
@@ -325,11 +324,6 @@ def _rebinding_checked(live: Live, handler: Handler) -> Handler:
         return await handler(request)
 
     return checked
-
-
-def _inflight_of(upstream: Upstream) -> Callable[[], float]:
-    """``mcp_gateway_inflight_requests{upstream}``, read when scraped."""
-    return lambda: upstream.inflight
 
 
 async def _healthz(request: web.Request) -> web.Response:

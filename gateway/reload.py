@@ -30,9 +30,10 @@ from pydantic import BaseModel, ValidationError
 from .cache import Invalidation, MemoryStore
 from .config import ConfigError, GatewayConfig, LoadedConfig
 from .generation import AppParts, Live, build_generation
+from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
-__all__ = ["ConfigDiff", "Reload", "Reloader", "answer_settings", "applicable", "diff_configs"]
+__all__ = ["ConfigDiff", "Reload", "Reloader", "answer_settings", "applicable", "diff_configs", "track_upstream"]
 
 log = logging.getLogger("mcp_gateway.reload")
 
@@ -213,12 +214,13 @@ class Reloader:
             before = old.upstreams.get(name)
             if before is None or name in diff.changed:
                 upstream = upstreams[name] = Upstream(name, up_config, session)
-                metrics.track_inflight(name, _inflight_of(upstream))
+                track_upstream(metrics, upstream)
             else:
                 upstreams[name] = before if before.config == up_config else before.retuned(up_config)
         parts.registry.reload(config, upstreams, fresh=diff.fresh)
-        if parts.hub is not None:
+        if parts.hub is not None and config.aggregate is not None:
             parts.hub.members = frozenset(config.aggregate_members())
+            parts.hub.max_streams = config.aggregate.max_listen_streams
         self.live.swap(build_generation(parts, config, sha256, upstreams, previous=old))
         # After the swap: a request that began before it and stores an answer after this purge
         # is refused by the store's purge count (the read-through's Lead.purges).
@@ -235,6 +237,6 @@ class Reloader:
         metrics.serve_config(old.sha256, sha256)
 
 
-def _inflight_of(upstream: Upstream) -> Callable[[], float]:
-    """``mcp_gateway_inflight_requests{upstream}``, read when scraped."""
-    return lambda: upstream.inflight
+def track_upstream(metrics: GatewayMetrics, upstream: Upstream) -> None:
+    """``mcp_gateway_inflight_requests{upstream}`` reads ``upstream``'s count when scraped."""
+    metrics.track_inflight(upstream.name, lambda: upstream.inflight)
