@@ -318,6 +318,24 @@ async def test_an_invalid_file_is_refused_with_check_configs_message_and_the_old
         assert "config reload failed" in gw.log(0)
 
 
+async def test_the_aggregate_endpoint_serves_the_members_of_the_reloaded_config(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    async with gateway(tmp_path, {"aggregate": {}, "upstreams": {"a": public(up_a)}}) as gw:
+        url = f"{gw.base_url(0)}/mcp"
+
+        async def tool_names() -> list[str]:
+            reply = await tools_list(http, url)
+            assert reply.status == 200, reply.raw
+            return sorted(tool["name"] for tool in reply.result["tools"])
+
+        assert {name.split("__")[0] for name in await tool_names()} == {"a"}
+        rewrite(gw, {"aggregate": {}, "upstreams": {"b": public(up_b)}})
+        assert (await admin_reload(http, gw))[0] == 200
+        assert {name.split("__")[0] for name in await tool_names()} == {"b"}
+
+
 async def test_a_smaller_max_entries_evicts_down_to_it_at_the_reload(
     tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
 ) -> None:
