@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 
+from .aggregate import ROUTE
 from .cache import Invalidation, MemoryStore
 from .config import ConfigError, GatewayConfig, LoadedConfig
 from .generation import AppParts, Live, build_generation
@@ -105,17 +106,20 @@ def applicable(running: GatewayConfig, new: GatewayConfig) -> GatewayConfig:
         ConfigError: the two do not go together (``[aggregate]`` kept from ``running`` names an
             upstream ``new`` no longer has), naming the key.
     """
-    kept: dict[str, Any] = {table: getattr(running, table) for table in RESTART_TABLES}
+    kept: dict[str, Any] = {
+        table: getattr(running, table) for table in RESTART_TABLES if getattr(running, table) != getattr(new, table)
+    }
     for table in FIXED_PRESENCE:
         if (getattr(running, table) is None) != (getattr(new, table) is None):
             kept[table] = getattr(running, table)
-    if all(getattr(new, table) == value for table, value in kept.items()):
+    if not kept:
         return new
     try:
         return GatewayConfig.model_validate({name: getattr(new, name) for name in GatewayConfig.model_fields} | kept)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"with the running config's {', '.join(kept)}: {problems}") from exc
+        tables = ", ".join(f"[{table}]" for table in kept)
+        raise ConfigError(f"cannot be applied without a restart, with the running {tables}: {problems}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +182,15 @@ class Reloader:
             return self._failed(Reload(serving, error=stopped, status=409))
         assert self.source is not None
         try:
-            loaded = self.source()
-            running = self.live.generation.config
-            diff = diff_configs(running, loaded.config)
-            config = applicable(running, loaded.config)
+            loaded = self.source()  # check-config's code: its message, after its "mcp-gateway: "
         except ConfigError as exc:
             return self._failed(Reload(serving, error=f"invalid config: {exc}", status=400))
+        running = self.live.generation.config
+        diff = diff_configs(running, loaded.config)
+        try:
+            config = applicable(running, loaded.config)
+        except ConfigError as exc:
+            return self._failed(Reload(serving, error=str(exc), status=400))
         self._apply(config, loaded.sha256, diff)
         self.parts.metrics.config_reloads.labels("ok").inc()
         level = logging.WARNING if diff.not_applied else logging.INFO
@@ -226,6 +233,13 @@ class Reloader:
         # is refused by the store's purge count (the read-through's Lead.purges).
         for name in diff.dropped:
             parts.invalidator.invalidate_soon(Invalidation(name), "reload")
+        running = old.config
+        if config.aggregate is not None and (
+            running.aggregate != config.aggregate or running.aggregate_members() != config.aggregate_members()
+        ):
+            # A composed answer stays current while its parts do: one made of fewer members, or
+            # under another separator, would.
+            parts.invalidator.invalidate_soon(Invalidation(ROUTE), "reload")
         for name in diff.removed:
             metrics.untrack_inflight(name)
         cache = config.cache

@@ -27,8 +27,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from gateway.app import METRICS, REGISTRY, RELOADER, create_app
-from gateway.config import parse_config, read_config
-from gateway.reload import ConfigDiff, diff_configs
+from gateway.config import ConfigError, parse_config, read_config
+from gateway.reload import ConfigDiff, applicable, diff_configs
 
 from .support.fleet import HOST, REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port, reset_counts, run_server
 from .support.polling import wait_until
@@ -85,6 +85,26 @@ def test_the_diff_names_the_keys_that_need_a_restart() -> None:
         }
     )
     assert diff_configs(before, after).not_applied == ("listener.port", "listener.max_body_bytes", "cluster", "admin")
+
+
+def test_the_applied_config_keeps_the_running_listener_and_takes_the_rest_from_the_file() -> None:
+    running = parse_config({"listener": {"port": 8080}, "upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}})
+    new = parse_config({"listener": {"port": 9090}, "upstreams": {"b": {"url": "http://127.0.0.1:2/mcp"}}})
+    applied = applicable(running, new)
+    assert (applied.listener.port, list(applied.upstreams)) == (8080, ["b"])
+    assert applicable(running, running) is running
+
+
+def test_a_kept_table_that_no_longer_fits_the_file_refuses_the_reload_naming_it() -> None:
+    running = parse_config(
+        {
+            "aggregate": {"upstreams": ["a", "b"]},
+            "upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}, "b": {"url": "http://127.0.0.1:2/mcp"}},
+        }
+    )
+    new = parse_config({"upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}})  # [aggregate] gone, and b
+    with pytest.raises(ConfigError, match=r"without a restart, with the running \[aggregate\]: aggregate"):
+        applicable(running, new)
 
 
 def test_an_unchanged_config_changes_nothing() -> None:
@@ -331,9 +351,13 @@ async def test_the_aggregate_endpoint_serves_the_members_of_the_reloaded_config(
             return sorted(tool["name"] for tool in reply.result["tools"])
 
         assert {name.split("__")[0] for name in await tool_names()} == {"a"}
-        rewrite(gw, {"aggregate": {}, "upstreams": {"b": public(up_b)}})
+        assert await tool_names() == await tool_names()  # composed and stored: a hit now
+        rewrite(gw, {"aggregate": {}, "upstreams": {"a": public(up_a), "b": public(up_b)}})
         assert (await admin_reload(http, gw))[0] == 200
-        assert {name.split("__")[0] for name in await tool_names()} == {"b"}
+        assert {name.split("__")[0] for name in await tool_names()} == {"a", "b"}  # not the stored one
+        rewrite(gw, {"aggregate": {"separator": "--"}, "upstreams": {"b": public(up_b)}})
+        assert (await admin_reload(http, gw))[0] == 200
+        assert {name.split("--")[0] for name in await tool_names()} == {"b"}
 
 
 async def test_a_smaller_max_entries_evicts_down_to_it_at_the_reload(
