@@ -21,6 +21,7 @@ that were not (:attr:`ConfigDiff.not_applied`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -171,9 +172,10 @@ class Reloader:
         parts.metrics.serve_config(None, live.generation.sha256)
 
     def reload(self) -> Reload:
-        """Read the config again and apply it (see the module); never raises. The outcome is
-        logged (a warning when nothing changed, or when keys were not applied) and counted
-        in ``mcp_gateway_config_reloads_total{outcome}``."""
+        """Read the config again and apply it (see the module). A file that cannot be applied
+        raises nothing: it is the outcome's ``error``. The outcome is logged (an error when
+        nothing changed, a warning when keys were not applied) and counted in
+        ``mcp_gateway_config_reloads_total{outcome}``."""
         serving = self.live.generation.sha256
         if self.refused is not None:
             return self._failed(Reload(serving, error=f"config reload is not available: {self.refused}", status=409))
@@ -191,13 +193,16 @@ class Reloader:
             config = applicable(running, loaded.config)
         except ConfigError as exc:
             return self._failed(Reload(serving, error=str(exc), status=400))
+        started = time.perf_counter()
         self._apply(config, loaded.sha256, diff)
+        took_ms = (time.perf_counter() - started) * 1000
         self.parts.metrics.config_reloads.labels("ok").inc()
         level = logging.WARNING if diff.not_applied else logging.INFO
         log.log(
             level,
-            "config reloaded (sha256 %s): added %s, removed %s, changed %s, retuned %s%s",
+            "config reloaded (sha256 %s, applied in %.1f ms): added %s, removed %s, changed %s, retuned %s%s",
             loaded.sha256,
+            took_ms,
             list(diff.added),
             list(diff.removed),
             list(diff.changed),
