@@ -1,7 +1,7 @@
 """Config reload without a restart (gateway.reload): what a reload keeps, drops and adds, that an
 invalid file changes nothing, and that requests in flight finish on the config they began with.
 
-The diff is tested in-process; the rest against real ``mcp-gateway serve`` processes
+The diff and a gateway that cannot reload are tested in-process; the rest against real ``mcp-gateway serve`` processes
 (tests/support/replicas.py, one replica) in front of real SDK upstreams (tests/servers/), reloaded
 with ``SIGHUP`` (``os.kill``) or ``POST /admin/reload``.
 """
@@ -9,31 +9,26 @@ with ``SIGHUP`` (``os.kill``) or ``POST /admin/reload``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import tomllib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from gateway.app import METRICS, REGISTRY, RELOADER, create_app
+from gateway.app import METRICS, RELOADER, create_app
 from gateway.config import ConfigError, parse_config, read_config
 from gateway.reload import ConfigDiff, applicable, diff_configs
 
-from .support.fleet import HOST, REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port, reset_counts, run_server
+from .support.fleet import REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port, reset_counts, run_server
 from .support.polling import wait_until
-from .support.replicas import ADMIN_TOKEN, Replicas, dump_toml
-from .support.reply import Reply
+from .support.reloading import admin_reload, gateway, public, rewrite, served_sha, sighup, steady_load, tools_list
+from .support.replicas import dump_toml
 from .support.wire import mcp_headers, rpc, sse_events
 
 # -- the diff, in-process ----------------------------------------------------------------------------
@@ -132,90 +127,6 @@ async def counted(up_a: Upstream, up_b: Upstream) -> tuple[Upstream, Upstream]:
     await reset_counts(up_a)
     await reset_counts(up_b)
     return up_a, up_b
-
-
-@contextlib.asynccontextmanager
-async def gateway(tmp_path: Path, config: Mapping[str, Any]) -> AsyncIterator[Replicas]:
-    """One ``mcp-gateway serve`` process of ``config`` (with an ``[admin]`` table), stopped at the end."""
-    gw = Replicas(config, 1, tmp_path)
-    try:
-        await gw.start_all()
-        yield gw
-    finally:
-        await gw.close()
-
-
-def rewrite(gw: Replicas, config: Mapping[str, Any]) -> str:
-    """``config`` as the gateway's file (its port and admin token kept unless ``config`` sets them);
-    the SHA-256 of the bytes written."""
-    path = gw[0].config_path
-    current = tomllib.loads(path.read_text())
-    one = copy.deepcopy(dict(config))
-    one.setdefault("admin", current["admin"])
-    one["listener"] = {**current["listener"], **one.get("listener", {})}
-    text = dump_toml(one)
-    path.write_text(text)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-async def served_sha(gw: Replicas) -> str | None:
-    _, body = await gw.get(0, "/readyz")
-    return body.get("config_sha256") if isinstance(body, dict) else None
-
-
-async def sighup(gw: Replicas, sha256: str) -> None:
-    """``SIGHUP`` to the gateway, and wait until it serves the file of ``sha256``."""
-    assert gw[0].process is not None
-    os.kill(gw[0].process.pid, signal.SIGHUP)
-
-    async def serving() -> bool:
-        return await served_sha(gw) == sha256
-
-    await wait_until(serving, limit_s=10, what=f"the gateway to serve config {sha256[:12]}")
-
-
-async def admin_reload(http: aiohttp.ClientSession, gw: Replicas) -> tuple[int, dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with http.post(f"{gw.base_url(0)}/admin/reload", headers=headers) as resp:
-        return resp.status, await resp.json()
-
-
-async def tools_list(
-    http: aiohttp.ClientSession, url: str, id_: int = 1, headers: Mapping[str, str] | None = None
-) -> Reply:
-    body = json.dumps(rpc("tools/list", id_)).encode()
-    async with http.post(url, data=body, headers={**mcp_headers("tools/list"), **(headers or {})}) as resp:
-        return Reply(resp.status, resp.headers, await resp.read())
-
-
-async def steady_load(
-    http: aiohttp.ClientSession, urls: list[str], stop: asyncio.Event, *, callers: int = 4, most: int = 3000
-) -> tuple[int, list[str]]:
-    """``callers`` concurrent callers sending ``tools/list`` round the ``urls`` until ``stop``
-    (at most ``most`` requests each): how many were sent, and the failures."""
-    failures: list[str] = []
-    sent = 0
-
-    async def caller(index: int) -> None:
-        nonlocal sent
-        for i in range(most):
-            if stop.is_set():
-                return
-            url = urls[(index + i) % len(urls)]
-            try:
-                reply = await tools_list(http, url, i)
-                if reply.status != 200 or "result" not in reply.json:
-                    failures.append(f"{url}: HTTP {reply.status} {reply.raw[:200]!r}")
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                failures.append(f"{url}: {exc!r}")
-            sent += 1
-
-    await asyncio.gather(*(caller(i) for i in range(callers)))
-    return sent, failures
-
-
-def public(up: Upstream, **more: Any) -> dict[str, Any]:
-    return {"url": up.url, **more}
 
 
 async def test_an_upstream_added_to_the_file_is_served_within_2_s_of_sighup_and_no_other_request_fails(
@@ -435,51 +346,6 @@ async def test_a_listener_change_is_named_as_not_applied_and_the_rest_applies(
         assert "listener.port" in body["detail"] and "restart" in body["detail"]
         assert (await tools_list(http, gw.url(0, "b"))).status == 200  # on the port it listens on
         assert "not applied, a restart needed: listener.port, listener.max_body_bytes" in gw.log(0)
-
-
-async def test_twenty_reloads_in_a_row_under_load_fail_no_request_and_leave_no_task_behind(
-    tmp_path: Path, counted: tuple[Upstream, Upstream]
-) -> None:
-    # In-process, to count the event loop's tasks; the gateway's own client session and sockets.
-    up_a, up_b = counted
-    path = tmp_path / "gw.toml"
-    config: dict[str, Any] = {"admin": {"token": ADMIN_TOKEN}, "upstreams": {"a": public(up_a), "b": public(up_b)}}
-    path.write_text(dump_toml(config))
-    loaded = read_config(path)
-    app = create_app(loaded.config, config_sha256=loaded.sha256, reload_source=lambda: read_config(path))
-    server = TestServer(app, host=HOST)
-    await server.start_server()
-    base = str(server.make_url("")).rstrip("/")
-    urls = [f"{base}/servers/a/mcp", f"{base}/servers/b/mcp"]
-    try:
-        await wait_until(lambda: app[REGISTRY].ready, what="every upstream probed once")
-        before = len(asyncio.all_tasks())
-        stop = asyncio.Event()
-        async with aiohttp.ClientSession() as http:
-            load = asyncio.create_task(steady_load(http, urls, stop))
-            for i in range(20):  # c comes and goes, a is retuned each time (its entries stay)
-                step = copy.deepcopy(config)
-                step["upstreams"]["a"]["timeout_s"] = 10 + i
-                if i % 2 == 0:
-                    step["upstreams"]["c"] = public(up_b, headers={"X-Fleet-Tag": str(i)})
-                path.write_text(dump_toml(step))
-                async with http.post(f"{base}/admin/reload", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as r:
-                    assert r.status == 200, await r.text()
-                await tools_list(http, urls[0])  # the load goes on between two reloads
-            path.write_text(dump_toml(config))
-            assert app[RELOADER].reload().error is None
-            stop.set()
-            sent, failures = await load
-        assert failures == [], failures[:5]
-        assert sent > 0
-
-        def settled() -> bool:
-            return len(asyncio.all_tasks()) <= before
-
-        await wait_until(settled, limit_s=10, what=f"the event loop's tasks to come back to {before}")
-        assert app[METRICS].config_reloads.labels("ok")._value.get() == 21
-    finally:
-        await server.close()
 
 
 def test_a_gateway_with_cluster_refuses_to_reload_and_says_why(tmp_path: Path) -> None:
