@@ -154,6 +154,10 @@ async def test_an_upstream_added_to_the_file_is_served_within_2_s_of_sighup_and_
         stop.set()
         sent, failures = await load
         assert await served_sha(gw) == sha
+        assert await gw.metric(0, "mcp_gateway_config_info", sha256=sha) == 1
+        assert [k for k in await gw.metrics(0) if k[0] == "mcp_gateway_config_info"] == [
+            ("mcp_gateway_config_info", (("sha256", sha),))
+        ]
     assert failures == [], failures[:5]
     assert sent > 0 and took < 2.0
     assert probed >= 1  # probed at once, not at the next probe interval
