@@ -194,6 +194,9 @@ async def test_a_changed_header_makes_the_next_request_a_miss_that_carries_the_n
             await tools_list(http, gw.url(0, name))
         retagged = {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "two"}), "b": public(up_b, timeout_s=9)}}
         sha = rewrite(gw, retagged)
+        async with http.post(f"{gw.base_url(0)}/admin/reload") as resp:  # no admin token
+            assert resp.status == 401
+        assert await served_sha(gw) != sha
         status, body = await admin_reload(http, gw)
         assert (status, body["config_sha256"], body["changed"], body["retuned"]) == (200, sha, ["a"], ["b"])
         after = await tools_list(http, gw.url(0, "a"))
