@@ -12,10 +12,12 @@ upstream (HTTP 404, -32601) and its entries go; a **changed** one (an answer-cha
 :func:`answer_settings`) loses its entries and starts over in the registry; a **retuned** one (any
 other setting: timeouts, stale window, bounds) keeps its entries, probe state and listen stream,
 and its new settings apply from the next request. ``[auth]``, ``[admin].token``, ``[cache]`` and
-``[aggregate]`` apply from the next request (a smaller ``max_entries`` evicts down to it at once).
+``[aggregate]`` apply from the next request (a smaller ``max_entries`` evicts down to it at once;
+``/mcp``'s composed answers go when its members or ``[aggregate]`` change).
 ``[listener]``, ``[cluster]`` and ``[registry]``, and adding or removing ``[admin]`` or
 ``[aggregate]``, need a restart: the rest is applied, and the answer and the log line name the keys
-that were not (:attr:`ConfigDiff.not_applied`).
+that were not (:attr:`ConfigDiff.not_applied`). A process with ``[cluster]`` or of a ``--workers``
+group refuses every reload for now (HTTP 409), saying so.
 """
 
 from __future__ import annotations
