@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
@@ -19,16 +20,30 @@ from .auth import bearer_matches
 from .cache import Clock, Invalidation, MemoryStore, ReadThrough
 from .cluster import Cluster, Invalidator
 from .cluster.workers import WorkerBus
-from .config import GatewayConfig
+from .config import GatewayConfig, LoadedConfig
 from .errors import BadGateway, GatewayError, GatewayTimeout, NotFound, Overloaded, Unauthorized, error_response
+from .generation import AppParts, Generation, Live, build_generation
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
-from .proxy.pipeline import Pipeline
-from .registry import AggregateListing, Registry, RegistryViews
+from .registry import Registry
+from .reload import Reloader, track_upstream
 from .telemetry import GatewayMetrics
 from .upstream import Upstream
 
-__all__ = ["CLUSTER", "CONFIG", "INVALIDATOR", "METRICS", "PROXY", "REGISTRY", "STORE", "UPSTREAMS", "create_app"]
+__all__ = [
+    "CLUSTER",
+    "CONFIG",
+    "INVALIDATOR",
+    "LIVE",
+    "METRICS",
+    "PROXY",
+    "REGISTRY",
+    "RELOADER",
+    "STORE",
+    "UPSTREAMS",
+    "create_app",
+    "reload_on_sighup",
+]
 
 CONFIG: Final = web.AppKey("config", GatewayConfig)
 METRICS: Final = web.AppKey("metrics", GatewayMetrics)
@@ -41,6 +56,9 @@ REGISTRY: Final = web.AppKey("registry", Registry)
 CLUSTER: Final = web.AppKey("cluster", Cluster)
 WORKER_BUS: Final = web.AppKey("worker_bus", WorkerBus)
 INVALIDATOR: Final = web.AppKey("invalidator", Invalidator)
+#: The generation served now (what a reload replaces), and what reloads it.
+LIVE: Final = web.AppKey("live", Live)
+RELOADER: Final = web.AppKey("reloader", Reloader)
 
 
 def create_app(
@@ -52,6 +70,8 @@ def create_app(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     hot_path: bool = True,
     worker_bus: str | None = None,
+    config_sha256: str | None = None,
+    reload_source: Callable[[], LoadedConfig] | None = None,
 ) -> web.Application:
     """Build the gateway for ``config``.
 
@@ -64,6 +84,9 @@ def create_app(
     of :class:`~gateway.proxy.HotProxy` (the same answers; for the benchmark and the tests).
     ``worker_bus`` is the directory of a ``--workers`` group's bus, through which purges and
     notifications reach the other workers (:mod:`gateway.cluster.workers`), with ``[cluster]`` too.
+    ``config_sha256`` is the SHA-256 of the file ``config`` was read from (``/readyz``,
+    ``mcp_gateway_config_info``); ``reload_source`` reads that file again for a reload
+    (``POST /admin/reload``, and ``SIGHUP`` through :data:`RELOADER`; :mod:`gateway.reload`).
     """
     # No app-wide middleware: the MCP routes answer their own unexpected errors as JSON-RPC
     # (Proxy.internal_error), and a middleware costs every cache hit ~8% (bench/RESULTS.md). Other
@@ -83,7 +106,6 @@ def create_app(
         keep_stale=any(config.stale_if_error_ms(name) > 0 for name in config.upstreams),
     )
     metrics.track_store(store)
-    upstreams: dict[str, Upstream] = {}
     cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None
     # What other workers of this group send is applied here; the store tells the hub.
     bus = WorkerBus(worker_bus, store.purge) if worker_bus else None
@@ -94,7 +116,24 @@ def create_app(
     readthrough = ReadThrough(
         config, store, metrics, clock, failures=(BadGateway, GatewayTimeout), busy=(Overloaded,), shared=cluster
     )
-    proxy = (HotProxy if hot_path else Proxy)(config, upstreams, readthrough, metrics, on_success=registry.observe)
+    parts = AppParts(
+        metrics,
+        readthrough,
+        registry,
+        invalidator,
+        make_aiohttp_handler(metrics.registry),
+        HotProxy if hot_path else Proxy,
+        hub,
+        cluster,
+    )
+    live = Live(build_generation(parts, config, config_sha256, {}))
+    upstreams = live.generation.upstreams  # filled once the client session exists
+    proxy = live.proxy
+    refused = "with [cluster]" if cluster is not None else "with --workers" if bus is not None else None
+    app[RELOADER] = Reloader(
+        parts, live, store, reload_source, refused=None if refused is None else f"not yet supported {refused}; restart"
+    )
+    app[LIVE] = live
     app[INVALIDATOR] = invalidator
     if cluster is not None:
         app[CLUSTER] = cluster
@@ -114,6 +153,7 @@ def create_app(
             bus.stop()
 
         app.cleanup_ctx.append(worker_bus_ctx)
+    # The config and the parts built from it at start (a reload builds new ones: LIVE has them).
     app[CONFIG] = config
     app[METRICS] = metrics
     app[STORE] = store
@@ -132,7 +172,8 @@ def create_app(
         )
         for name, up_config in config.upstreams.items():
             upstream = upstreams[name] = Upstream(name, up_config, session)
-            metrics.track_inflight(name, _inflight_of(upstream))
+            track_upstream(metrics, upstream)
+        parts.session = session
         app[READY][0] = True
         yield
         app[READY][0] = False
@@ -142,14 +183,15 @@ def create_app(
         # After client_session: the probes and listen streams use its Upstream objects.
         registry.start(upstreams)
         yield
+        parts.session = None  # no reload from now on: it would start probes past this stop
         await registry.stop()
 
     async def close_streams(app: web.Application) -> None:
-        await proxy.close_streams()
+        await live.proxy.close_streams()  # every generation's: they share the relayed streams
 
     async def drain_journal(app: web.Application) -> None:
         # The last requests' records, to the metrics and the access log before exit.
-        proxy.pipeline.journal.drain()
+        live.proxy.pipeline.journal.drain()
 
     app.on_shutdown.append(close_streams)
     app.on_cleanup.append(drain_journal)
@@ -157,50 +199,107 @@ def create_app(
     app.cleanup_ctx.append(registry_tasks)
     app.cleanup_ctx.append(metrics.sampling)  # in a process group only: gauges to the shared files
 
-    # The MCP routes: one exact path per configured upstream, its name bound to the handler,
-    # found with one dict lookup (aiohttp indexes plain paths), where the pattern route costs
-    # a regular expression and a match dict per request (~4% of a cache hit, bench/RESULTS.md). The
-    # pattern route answers every other name with the proxy's JSON-RPC 404. Names match
-    # UPSTREAM_NAME_PATTERN: nothing in them needs escaping in a path.
+    # The MCP routes: one exact path per upstream configured at start, its name bound to the
+    # handler, found with one dict lookup (aiohttp indexes plain paths), where the pattern route
+    # costs a regular expression and a match dict per request (~4% of a cache hit,
+    # bench/RESULTS.md). The pattern route answers every other name: an upstream added by a
+    # reload (the router is frozen once the app starts), and unknown names with the proxy's
+    # JSON-RPC 404. Each handler reads the live proxy once. Names match UPSTREAM_NAME_PATTERN:
+    # nothing in them needs escaping in a path.
     for name in config.upstreams:
         resource = app.router.add_resource(f"/servers/{name}/mcp")
-        resource.add_route("POST", functools.partial(proxy.pipeline.serve, proxy, name=name))
+        resource.add_route("POST", _post_handler(live, name))
         for method in ("GET", "DELETE"):
-            resource.add_route(method, functools.partial(proxy.pipeline.serve, proxy.streams, name=name))
+            resource.add_route(method, _stream_handler(live, name))
     for method in ("GET", "DELETE"):
-        app.router.add_route(method, "/servers/{name}/mcp", proxy.handle_stream)
-    app.router.add_post("/servers/{name}/mcp", proxy.handle_post)
+        app.router.add_route(method, "/servers/{name}/mcp", _stream_handler(live, None))
+    app.router.add_post("/servers/{name}/mcp", _post_handler(live, None))
     # The routes that tell about the fleet get the MCP routes' DNS-rebinding checks too (a page
     # re-resolved to a loopback listener must not read the registry); health ones need none.
-    guarded = functools.partial(_rebinding_checked, proxy.pipeline)
-    app.router.add_get("/metrics", guarded(_metrics_view(config, make_aiohttp_handler(metrics.registry))))
+    guarded = functools.partial(_rebinding_checked, live)
+    app.router.add_get("/metrics", guarded(_live_view(live, lambda g: g.metrics_view)))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
-    listing: AggregateListing | None = None  # POST /mcp in /v0.1/servers
     if hub is not None:
-        aggregate = Aggregate(config, proxy, registry.state, metrics, hub)
-        listing = AggregateListing(ROUTE, aggregate.members, aggregate.names.separator, aggregate.active)
 
         async def end_listen_streams(app: web.Application) -> None:
-            aggregate.hub.close()
+            hub.close()
 
         async def end_part_fetches(app: web.Application) -> None:
-            await aggregate.parts.close()
+            aggregate = live.generation.aggregate
+            assert aggregate is not None
+            await aggregate.parts.close()  # every generation's: they share the reads under way
 
         app.on_shutdown.append(end_listen_streams)
         app.on_cleanup.append(end_part_fetches)
-        app.router.add_post(ROUTE, aggregate.handle_post)
-        app.router.add_route("*", ROUTE, aggregate.handle_other)  # every other method: 405
+        app.router.add_post(ROUTE, _live_view(live, lambda g: _aggregate_of(g).handle_post))
+        app.router.add_route("*", ROUTE, _live_view(live, lambda g: _aggregate_of(g).handle_other))  # others: 405
     else:
         app.router.add_route("*", ROUTE, _no_aggregate)
-    views = RegistryViews(config, registry.state, listing, cluster.identities if cluster is not None else None)
-    app.router.add_get("/v0.1/servers", guarded(views.servers))
-    app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(views.server_versions))
-    app.router.add_get("/v0.1/servers/{name:.+}/versions/{version}", guarded(views.server_version))
-    app.router.add_get("/registry/versions", guarded(views.versions))
+    app.router.add_get("/v0.1/servers", guarded(_live_view(live, lambda g: g.views.servers)))
+    app.router.add_get("/v0.1/servers/{name:.+}/versions", guarded(_live_view(live, lambda g: g.views.server_versions)))
+    app.router.add_get(
+        "/v0.1/servers/{name:.+}/versions/{version}", guarded(_live_view(live, lambda g: g.views.server_version))
+    )
+    app.router.add_get("/registry/versions", guarded(_live_view(live, lambda g: g.views.versions)))
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", guarded(_purge))
+        app.router.add_post("/admin/reload", guarded(_reload))
     return app
+
+
+async def reload_on_sighup(app: web.Application) -> None:
+    """An ``on_startup`` hook (``mcp-gateway serve``): ``SIGHUP`` reloads the config
+    (:data:`RELOADER`, :mod:`gateway.reload`) until the app stops."""
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGHUP, app[RELOADER].reload)
+
+    async def stop(app: web.Application) -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    app.on_cleanup.append(stop)
+
+
+def _post_handler(live: Live, name: str | None) -> Handler:
+    """``POST /servers/{name}/mcp`` on the live proxy: of ``name``, or (``None``) of the name in the path."""
+    if name is None:
+
+        async def post_any(request: web.Request) -> web.StreamResponse:
+            proxy = live.proxy
+            return await proxy.pipeline.serve(proxy, request, request.match_info["name"])
+
+        return post_any
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        proxy = live.proxy
+        return await proxy.pipeline.serve(proxy, request, name)
+
+    return post
+
+
+def _stream_handler(live: Live, name: str | None) -> Handler:
+    """``GET``/``DELETE /servers/{name}/mcp`` on the live proxy (``name`` as for :func:`_post_handler`)."""
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        proxy = live.proxy
+        return await proxy.pipeline.serve(proxy.streams, request, request.match_info["name"] if name is None else name)
+
+    return stream
+
+
+def _live_view(live: Live, pick: Callable[[Generation], Handler]) -> Handler:
+    """The handler ``pick`` finds in the live generation, read as each request starts."""
+
+    async def view(request: web.Request) -> web.StreamResponse:
+        return await pick(live.generation)(request)
+
+    return view
+
+
+def _aggregate_of(generation: Generation) -> Aggregate:
+    aggregate = generation.aggregate
+    assert aggregate is not None  # [aggregate] is there from the start or never (gateway.reload)
+    return aggregate
 
 
 async def _no_aggregate(request: web.Request) -> web.Response:
@@ -211,11 +310,12 @@ async def _no_aggregate(request: web.Request) -> web.Response:
     )
 
 
-def _rebinding_checked(pipeline: Pipeline, handler: Handler) -> Handler:
+def _rebinding_checked(live: Live, handler: Handler) -> Handler:
     """``handler`` behind the MCP routes' ``Host`` and ``Origin`` checks (421 and 403, as JSON-RPC
     errors: :meth:`~gateway.proxy.pipeline.Pipeline.check_host`, :meth:`~.Pipeline.check_origin`)."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
+        pipeline = live.proxy.pipeline
         try:
             pipeline.check_host(request)
             pipeline.check_origin(request)
@@ -226,35 +326,19 @@ def _rebinding_checked(pipeline: Pipeline, handler: Handler) -> Handler:
     return checked
 
 
-def _metrics_view(config: GatewayConfig, exposition: Handler) -> Handler:
-    """``GET /metrics``: with ``[auth]``, only for a bearer token of ``auth.metrics_tokens`` (or,
-    when that is empty, of ``auth.tokens``): the metrics name every configured upstream."""
-    if config.auth is None:
-        return exposition
-    tokens = tuple(t.encode() for t in (config.auth.metrics_tokens or config.auth.tokens))
-
-    async def metrics(request: web.Request) -> web.StreamResponse:
-        if not bearer_matches(request.headers.get("Authorization"), tokens):
-            return error_response(Unauthorized())
-        return await exposition(request)
-
-    return metrics
-
-
-def _inflight_of(upstream: Upstream) -> Callable[[], float]:
-    """``mcp_gateway_inflight_requests{upstream}``, read when scraped."""
-    return lambda: upstream.inflight
-
-
 async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
 async def _readyz(request: web.Request) -> web.Response:
     """Ready once the upstream clients exist and (unless ``registry.enabled = false``) every
-    upstream was probed once."""
+    upstream was probed once. With a config file, ``config_sha256``: the SHA-256 of the file
+    served (its bytes, as ``mcp_gateway_config_info`` shows it)."""
     ready = request.app[READY][0] and request.app[REGISTRY].ready
-    return web.json_response({"ready": ready}, status=200 if ready else 503)
+    body: dict[str, object] = {"ready": ready}
+    if (sha256 := request.app[LIVE].generation.sha256) is not None:
+        body["config_sha256"] = sha256
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def _purge(request: web.Request) -> web.Response:
@@ -267,9 +351,8 @@ async def _purge(request: web.Request) -> web.Response:
     are gone, the invalidation is sent again until Redis takes it, and meanwhile the replicas
     that read Redis serve nothing from their caches (:mod:`gateway.cluster.link`).
     """
-    config = request.app[CONFIG]
-    assert config.admin is not None
-    if not bearer_matches(request.headers.get("Authorization"), (config.admin.token.encode(),)):
+    config = request.app[LIVE].generation.config
+    if not _is_admin(request, config):
         return error_response(Unauthorized(realm="mcp-gateway-admin"))
     # A misspelt key must not widen a purge to every entry: only these two are known.
     unknown = sorted(set(request.query) - {"upstream", "method"})
@@ -293,6 +376,28 @@ async def _purge(request: web.Request) -> web.Response:
         status=503,
         headers={"Retry-After": "1"},
     )
+
+
+def _is_admin(request: web.Request, config: GatewayConfig) -> bool:
+    """Whether ``request`` carries ``Authorization: Bearer <[admin].token>``."""
+    assert config.admin is not None
+    return bearer_matches(request.headers.get("Authorization"), (config.admin.token.encode(),))
+
+
+async def _reload(request: web.Request) -> web.Response:
+    """``POST /admin/reload``: read the config file again and apply it (:mod:`gateway.reload`).
+
+    Needs ``Authorization: Bearer <admin token>`` (401 otherwise). Answers 200 and
+    ``{"reloaded": true, "config_sha256": ..., "added": [names], "removed": [...], "changed": [...],
+    "retuned": [...], "not_applied": [dotted keys]}`` (with ``"detail"`` when keys were not
+    applied); 400 and ``{"reloaded": false, "error": <check-config's message>, "config_sha256":
+    <the one still served>}`` for an invalid file, which changes nothing; 409 likewise when this
+    process cannot reload (``[cluster]``, ``--workers``).
+    """
+    if not _is_admin(request, request.app[LIVE].generation.config):
+        return error_response(Unauthorized(realm="mcp-gateway-admin"))
+    outcome = request.app[RELOADER].reload()
+    return web.json_response(outcome.to_json(), status=outcome.status)
 
 
 _PENDING_DETAIL: Final = (

@@ -23,7 +23,7 @@ from typing import Final
 from aiohttp import web
 from prometheus_client.multiprocess import mark_process_dead
 
-from .config import ConfigError, GatewayConfig, load_config
+from .config import ConfigError, GatewayConfig, LoadedConfig, read_config
 from .httpserver import install_json_errors
 from .telemetry import ACCESS_LOGGER, MULTIPROC_DIR_ENV, AccessLogHandler, MultiProcessRegistry, quiet_server_errors
 
@@ -48,11 +48,20 @@ def _config_path(arg: str | None) -> str:
     return path
 
 
-def _load(path: str) -> GatewayConfig:
+def _load(path: str) -> LoadedConfig:
+    """``path`` read and validated, as a reload does (:func:`~gateway.config.read_config`)."""
     try:
-        return load_config(path)
+        return read_config(path)
     except ConfigError as exc:
         raise StartupError(f"invalid config: {exc}") from exc
+
+
+def _bound(config: GatewayConfig, host: str, port: int) -> GatewayConfig:
+    """``config`` listening on ``host:port`` (``--host``, ``--port``): the app sees where it
+    listens (the Host check of a loopback bind depends on it)."""
+    if (host, port) == (config.listener.host, config.listener.port):
+        return config
+    return config.model_copy(update={"listener": config.listener.model_copy(update={"host": host, "port": port})})
 
 
 def _positive_int(value: str) -> int:
@@ -264,6 +273,8 @@ def fork_workers(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # Not the default (the parent would die): a group does not reload yet (each worker refuses too).
+    signal.signal(signal.SIGHUP, lambda *_: log.warning("SIGHUP: config reload is not yet supported with --workers"))
     status = 0
     while workers:
         pid, wait_status = os.wait()
@@ -303,6 +314,8 @@ def metrics_dir() -> Iterator[str]:
 def serve(
     config: GatewayConfig,
     *,
+    config_path: str | None = None,
+    sha256: str | None = None,
     host: str | None = None,
     port: int | None = None,
     workers: int = 1,
@@ -320,20 +333,29 @@ def serve(
     fetched upstream once per worker; purges and listen-stream notifications reach every
     worker. The metrics are the group's: the workers keep them in files in :func:`metrics_dir`
     (prometheus_client multiprocess mode), and ``/metrics``, whichever worker answers it,
-    reports the sum over all of them (``gateway.telemetry.metrics``).
+    reports the sum over all of them (``gateway.telemetry.metrics``). ``config_path`` (with
+    ``sha256``, of its bytes) is the file ``config`` was read from: ``SIGHUP`` and
+    ``POST /admin/reload`` read it again (:mod:`gateway.reload`; one process only, for now).
 
     Raises:
         StartupError: the socket cannot be bound, or ``loop`` is ``uvloop`` and it is not installed.
     """
-    from .app import create_app
+    from .app import create_app, reload_on_sighup
 
     bind_host = host or config.listener.host
     bind_port = config.listener.port if port is None else port
-    if (bind_host, bind_port) != (config.listener.host, config.listener.port):
-        # The app sees where it listens (the Host check of a loopback bind depends on it).
-        listener = config.listener.model_copy(update={"host": bind_host, "port": bind_port})
-        config = config.model_copy(update={"listener": listener})
+    config = _bound(config, bind_host, bind_port)
     log = logging.getLogger("mcp_gateway")
+    reload_source = None
+    if config_path is not None:
+
+        def reload_source() -> LoadedConfig:
+            # --host and --port hold for the reloaded config too: no listener change to report.
+            loaded = read_config(config_path)
+            listener = loaded.config.listener
+            bound = _bound(loaded.config, host or listener.host, listener.port if port is None else port)
+            return LoadedConfig(bound, loaded.sha256)
+
     if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
         raise StartupError(
             "--loop uvloop: uvloop is not installed; pip install 'mcp-gateway[speed]' or use --loop auto"
@@ -342,8 +364,17 @@ def serve(
     def run_one(socks: list[socket.socket], group_dir: str | None = None, bus_dir: str | None = None) -> None:
         # In the worker, after the fork: its metrics are created here, in multiprocess mode.
         registry = None if group_dir is None else MultiProcessRegistry(group_dir)
+        app = create_app(
+            config,
+            hot_path=hot_path,
+            metrics_registry=registry,
+            worker_bus=bus_dir,
+            config_sha256=sha256,
+            reload_source=reload_source,
+        )
+        app.on_startup.append(reload_on_sighup)
         web.run_app(
-            create_app(config, hot_path=hot_path, metrics_registry=registry, worker_bus=bus_dir),
+            app,
             sock=socks,
             backlog=BACKLOG,  # asyncio listens again on the socket it is given, with this backlog
             handler_cancellation=True,  # a caller that disconnects cancels its upstream request
@@ -424,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "check-config":
-            config = _load(args.path)
+            config = _load(args.path).config
             count = len(config.upstreams)
             summary = f"{count} upstream{'' if count == 1 else 's'}: {', '.join(config.upstreams) or 'none'}"
             if config.aggregate is not None:
@@ -433,8 +464,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "serve":
             setup_logging(args.log_level, args.log_format)
+            path = _config_path(args.config)
+            loaded = _load(path)
             return serve(
-                _load(_config_path(args.config)),
+                loaded.config,
+                config_path=path,
+                sha256=loaded.sha256,
                 host=args.host,
                 port=args.port,
                 workers=args.workers,

@@ -58,15 +58,28 @@ def forwarded_name(name: str) -> str:
     return low if low in REQUEST_HEADERS or low.startswith(_PARAM_PREFIX) or low == "authorization" else ""
 
 
+class _Load:
+    """What is under way to one upstream, whichever of its configs it began on."""
+
+    __slots__ = ("inflight", "listening")
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.listening = 0
+
+
 class Upstream:
     """One configured upstream, sharing the app's ``aiohttp.ClientSession``.
 
     ``timeout_s`` bounds a non-streamed exchange (headers and body); ``connect_timeout_s``
     the TCP connect; ``stream_idle_timeout_s`` the silence allowed between two reads of a
-    stream (SSE keep-alive comments count as bytes).
+    stream (SSE keep-alive comments count as bytes). Its config never changes: a reload that
+    changes it makes a new one (:meth:`retuned`), and a request keeps the one it began with.
     """
 
-    def __init__(self, name: str, config: UpstreamConfig, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, name: str, config: UpstreamConfig, session: aiohttp.ClientSession, *, load: _Load | None = None
+    ) -> None:
         self.name = name
         self.config = config
         self.url = str(config.url)
@@ -74,9 +87,30 @@ class Upstream:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout_s, sock_read=config.stream_idle_timeout_s
         )
-        #: Requests being forwarded now, and callers' listen streams open now (bounded apart).
-        self.inflight = 0
-        self.listening = 0
+        self._load = _Load() if load is None else load
+
+    def retuned(self, config: UpstreamConfig) -> Upstream:
+        """This upstream under ``config`` (the same ``url``, another timeout or bound): the same
+        session, and the same count of what is under way, so that ``max_inflight`` and
+        ``max_listen_streams`` bound the requests begun on either config together."""
+        return Upstream(self.name, config, self._session, load=self._load)
+
+    #: Requests being forwarded now, and callers' listen streams open now (bounded apart).
+    @property
+    def inflight(self) -> int:
+        return self._load.inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._load.inflight = value
+
+    @property
+    def listening(self) -> int:
+        return self._load.listening
+
+    @listening.setter
+    def listening(self, value: int) -> None:
+        self._load.listening = value
 
     def request_headers(self, incoming: Mapping[str, str], *, allow_authorization: bool) -> CIMultiDict[str]:
         """The headers to send upstream: the allowed subset of ``incoming``, values unchanged,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gateway.config import ConfigError, load_config, parse_config
+from gateway.config import ConfigError, load_config, parse_config, read_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,6 +56,30 @@ def test_env_references_are_resolved_at_load_time() -> None:
 def test_missing_env_variable_is_a_load_error_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"auth\.tokens\[0\].*GATEWAY_TOKEN"):
         parse_config({"auth": {"tokens": ["${GATEWAY_TOKEN}"]}}, env={})
+
+
+def test_file_reference_reads_the_secret_relative_to_the_config_file(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "weather").write_text("s3cret-from-a-file\n")
+    path = write(
+        tmp_path,
+        '[upstreams.a]\nurl = "http://127.0.0.1:1/mcp"\n'
+        'headers = { Authorization = "Bearer ${file:secrets/weather}" }\n',
+    )
+    assert load_config(path, env={}).upstreams["a"].headers == {"Authorization": "Bearer s3cret-from-a-file"}
+
+
+def test_missing_secret_file_is_a_load_error_naming_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, '[admin]\ntoken = "${file:/nonexistent/admin-token}"\n')
+    with pytest.raises(ConfigError, match=r"admin\.token: cannot read secret file '/nonexistent/admin-token'"):
+        load_config(path, env={})
+
+
+def test_read_config_gives_the_sha256_of_the_file_bytes(tmp_path: Path) -> None:
+    text = '[upstreams.a]\nurl = "http://127.0.0.1:1/mcp"\n'
+    loaded = read_config(write(tmp_path, text), env={})
+    assert loaded.sha256 == hashlib.sha256(text.encode()).hexdigest()
+    assert set(loaded.config.upstreams) == {"a"}
 
 
 @pytest.mark.parametrize(

@@ -51,6 +51,8 @@ KNOWN_METRICS = {
     "mcp_gateway_cluster_leases_held",
     "mcp_gateway_cluster_invalidations_pending",
     "mcp_gateway_listener_callers_dropped_total",
+    "mcp_gateway_config_info",
+    "mcp_gateway_config_reloads_total",
 }
 REQUIRED_ALERTS = {
     "MCPGatewayUpstreamDown",

@@ -71,12 +71,19 @@ class Aggregate:
     """``POST /mcp``, a :class:`~gateway.proxy.pipeline.Route`, served with ``fleet`` (the
     pipeline, the cache and the members), the registry's ``state`` (which members are
     legacy-era, which can report list changes) and ``hub`` (the listening clients:
-    :meth:`ListenHub.of`, built before the store that tells it of purges)."""
+    :meth:`ListenHub.of`, built before the store that tells it of purges); ``previous``: the
+    route of the config before a reload, whose part fetches this one ends with its own."""
 
     reads_body = True
 
     def __init__(
-        self, config: GatewayConfig, fleet: Fleet, state: RegistryState, metrics: GatewayMetrics, hub: ListenHub
+        self,
+        config: GatewayConfig,
+        fleet: Fleet,
+        state: RegistryState,
+        metrics: GatewayMetrics,
+        hub: ListenHub,
+        previous: Aggregate | None = None,
     ) -> None:
         settings = config.aggregate
         assert settings is not None
@@ -89,7 +96,7 @@ class Aggregate:
         self.names = Names(self.members, settings.separator)
         self.page_size = settings.page_size
         self.max_member_pages = settings.max_member_pages
-        self.parts = PartFetcher(fleet)
+        self.parts: PartFetcher = PartFetcher(fleet, None if previous is None else previous.parts)
         self.collector = MemberCollector(fleet.upstreams, metrics, self.parts, self.names, settings.max_member_pages)
         self.hub = hub
         self.caching = config.cache.max_entries > 0

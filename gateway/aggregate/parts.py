@@ -29,15 +29,17 @@ MemberFailed = (BadGateway, GatewayTimeout, Overloaded)
 
 
 class PartFetcher:
-    """Fetches parts for ``POST /mcp`` through ``fleet``'s cache."""
+    """Fetches parts for ``POST /mcp`` through ``fleet``'s cache (``previous``: the fetcher of the
+    config before a reload)."""
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, previous: PartFetcher | None = None) -> None:
         self.fleet = fleet
         self.readthrough = fleet.readthrough
         self.store = fleet.readthrough.store
         self.clock = fleet.readthrough.clock
-        #: The reads under way for ``/mcp`` (each runs to its end for the callers coalesced on it).
-        self._reading: set[asyncio.Future[Part | Cached]] = set()
+        #: The reads under way for ``/mcp`` (each runs to its end for the callers coalesced on it),
+        #: with those of ``previous`` (before a reload): :meth:`close` ends them all.
+        self._reading: set[asyncio.Future[Part | Cached]] = set() if previous is None else previous._reading
 
     async def fetch(
         self, upstream: Upstream, parsed: ParsedRequest, body: bytes, request: web.Request, mcp_name: str | None = None

@@ -213,6 +213,18 @@ class ReadThrough:
         #: The refresh-ahead fetches under way (each leads its key).
         self.refreshes = BackgroundTasks(log)
 
+    def retuned(self, config: GatewayConfig) -> ReadThrough:
+        """The read-through of a reloaded ``config``: its entry bounds and per-upstream entry
+        options, over the same store, shared tier, coalescing, backoffs and refreshes (a key
+        under way before the reload is still led by its request, which keeps its own options)."""
+        twin = copy.copy(self)
+        twin.max_entry_bytes = config.cache.max_entry_bytes
+        twin.max_ttl_ms = config.cache.max_ttl_ms
+        twin.entry_options = {
+            name: (config.stale_if_error_ms(name), config.refresh_ahead(name)) for name in config.upstreams
+        }
+        return twin
+
     # -- a miss -------------------------------------------------------------------------------
 
     async def read(

@@ -130,6 +130,7 @@ class MemoryStore:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._on_evict = on_evict
+        self._clock = clock
         self._entries = _Entries(max_bytes, clock, keep_stale)
         self._keep_stale = keep_stale
         self._purges = 0
@@ -229,6 +230,34 @@ class MemoryStore:
         entries[key] = entry
         self._evicted("size", entries.evicted)
         return True
+
+    def resize(self, *, max_entries: int, max_bytes: int, keep_stale: bool) -> int:
+        """New bounds (a reload): least recently used entries are evicted at once until both
+        hold (counted as ``size`` evictions); ``keep_stale`` as in the constructor (without it,
+        expired entries kept stale go). Returns how many entries were evicted."""
+        before = len(self)
+        if max_bytes != self._max_bytes or keep_stale != self._keep_stale:
+            old, self._entries = self._entries, _Entries(max_bytes, self._clock, keep_stale)
+            while True:  # least recently used first, so that the new container keeps the order
+                try:
+                    key, entry = TLRUCache.popitem(old)
+                except KeyError:
+                    break
+                if entry.size <= max_bytes and (keep_stale or entry.expires_at > old.timer()):
+                    self._entries[key] = entry  # evicts least recently used ones until the bytes fit
+            self._max_bytes = max_bytes
+            self._keep_stale = keep_stale
+            if keep_stale:
+                self.get = self._get_fresh  # type: ignore[method-assign]
+            else:
+                vars(self).pop("get", None)  # the class's own get again
+        self._max_entries = max_entries
+        entries = self._entries
+        while len(entries) > max_entries:
+            TLRUCache.popitem(entries)
+        evicted = before - len(entries)
+        self._evicted("size", evicted)
+        return evicted
 
     def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
         self._purges += 1

@@ -1,7 +1,7 @@
 """The gateway's configuration: the model of the config file (:mod:`.model`) and loading it
 from TOML (:mod:`.load`)."""
 
-from .load import ConfigError, load_config, parse_config
+from .load import ConfigError, LoadedConfig, load_config, parse_config, read_config
 from .model import (
     AGGREGATE_SERVER_NAME,
     UPSTREAM_NAME_PATTERN,
@@ -27,8 +27,10 @@ __all__ = [
     "ConfigError",
     "GatewayConfig",
     "ListenerConfig",
+    "LoadedConfig",
     "RegistryConfig",
     "UpstreamConfig",
     "load_config",
     "parse_config",
+    "read_config",
 ]

@@ -1,13 +1,18 @@
-"""Loading the config: TOML, ``${NAME}`` from the environment, and error messages that name the
-key at fault (with the closest valid key, and the line where it is certain).
+"""Loading the config: TOML, ``${NAME}`` from the environment, ``${file:PATH}`` from a file, and
+error messages that name the key at fault (with the closest valid key, and the line where it is
+certain).
 
 Unknown keys are errors; ``${NAME}`` inside any string value is replaced by the environment
-variable ``NAME`` at load time, and a missing variable is a load error (docs/configuration.md).
+variable ``NAME`` at load time, and a missing variable is a load error; ``${file:PATH}`` by the
+contents of the file ``PATH`` (a secret mounted as a file; relative to the config file's
+directory; one trailing newline dropped), and a file that cannot be read is a load error. Both
+are read again at each load (a reload included).
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -15,6 +20,7 @@ import sys
 import tomllib
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
 
@@ -22,29 +28,58 @@ from pydantic import BaseModel, ValidationError
 
 from .model import GatewayConfig
 
-__all__ = ["ConfigError", "load_config", "parse_config"]
+__all__ = ["ConfigError", "LoadedConfig", "load_config", "parse_config", "read_config"]
 
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: ``${NAME}`` (group 1) or ``${file:PATH}`` (group 2).
+_REF = re.compile(r"\$\{(?:([A-Za-z_][A-Za-z0-9_]*)|file:([^}]+))\}")
 
 
 class ConfigError(Exception):
     """The config file cannot be used; the message names the key at fault."""
 
 
-def _substitute(value: Any, path: str, env: Mapping[str, str]) -> Any:
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    """A config file read and validated: ``config``, and ``sha256``, the hex SHA-256 of the
+    file's bytes as read (what ``mcp_gateway_config_info`` and ``/readyz`` show)."""
+
+    config: GatewayConfig
+    sha256: str
+
+
+def _read_secret(spec: str, path: str, base: Path) -> str:
+    """The contents of the file ``spec`` (relative to ``base``), one trailing newline dropped.
+
+    Raises:
+        ConfigError: the file cannot be read or is not UTF-8, naming the key ``path``.
+    """
+    file = base / spec.strip()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read secret file {str(file)!r}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: secret file {str(file)!r} is not UTF-8") from exc
+    # What `echo secret > file` and most secret mounts write: the newline is no part of the secret.
+    return text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+
+
+def _substitute(value: Any, path: str, env: Mapping[str, str], base: Path) -> Any:
     if isinstance(value, str):
 
         def repl(m: re.Match[str]) -> str:
-            name = m.group(1)
+            name, secret_file = m.group(1), m.group(2)
+            if secret_file is not None:
+                return _read_secret(secret_file, path, base)
             if name not in env:
                 raise ConfigError(f"{path}: environment variable {name} is not set")
             return env[name]
 
-        return _ENV_REF.sub(repl, value)
+        return _REF.sub(repl, value)
     if isinstance(value, dict):
-        return {k: _substitute(v, f"{path}.{k}" if path else k, env) for k, v in value.items()}
+        return {k: _substitute(v, f"{path}.{k}" if path else k, env, base) for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute(v, f"{path}[{i}]", env) for i, v in enumerate(value)]
+        return [_substitute(v, f"{path}[{i}]", env, base) for i, v in enumerate(value)]
     return value
 
 
@@ -165,17 +200,18 @@ def _problems(exc: ValidationError, source: str | None) -> str:
 
 
 def parse_config(data: Mapping[str, Any], env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Validate already-parsed TOML data, replacing ``${NAME}`` from ``env`` (default ``os.environ``).
+    """Validate already-parsed TOML data, replacing ``${NAME}`` from ``env`` (default ``os.environ``)
+    and ``${file:PATH}`` from files (relative to the working directory).
 
     Raises:
         ConfigError: a missing environment variable or an invalid/unknown key, naming it (an
             unknown key with the closest valid one: ``unknown key (did you mean `max_ttl_ms`?)``).
     """
-    return _validate(data, env, None)
+    return _validate(data, env, None, Path.cwd())
 
 
-def _validate(data: Mapping[str, Any], env: Mapping[str, str] | None, source: str | None) -> GatewayConfig:
-    resolved = _substitute(dict(data), "", os.environ if env is None else env)
+def _validate(data: Mapping[str, Any], env: Mapping[str, str] | None, source: str | None, base: Path) -> GatewayConfig:
+    resolved = _substitute(dict(data), "", os.environ if env is None else env, base)
     try:
         return GatewayConfig.model_validate(resolved)
     except ValidationError as exc:
@@ -183,12 +219,22 @@ def _validate(data: Mapping[str, Any], env: Mapping[str, str] | None, source: st
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Read and validate the TOML file at ``path``.
+    """Read and validate the TOML file at ``path`` (:func:`read_config`, without the digest).
 
     Raises:
-        ConfigError: unreadable file, invalid TOML, missing variable, invalid or unknown key;
-            the message starts with ``path`` and gives the line where it can be sure of it
-            (``gw.toml: line 3: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)``).
+        ConfigError: as :func:`read_config`.
+    """
+    return read_config(path, env).config
+
+
+def read_config(path: str | Path, env: Mapping[str, str] | None = None) -> LoadedConfig:
+    """Read and validate the TOML file at ``path``: what ``check-config``, ``serve`` and a reload
+    all do.
+
+    Raises:
+        ConfigError: unreadable file, invalid TOML, missing variable or secret file, invalid or
+            unknown key; the message starts with ``path`` and gives the line where it can be sure
+            of it (``gw.toml: line 3: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)``).
     """
     try:
         raw = Path(path).read_bytes()
@@ -200,6 +246,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Gatew
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
     try:
-        return _validate(data, env, text)
+        config = _validate(data, env, text, Path(path).parent)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc.__cause__
+    return LoadedConfig(config, hashlib.sha256(raw).hexdigest())

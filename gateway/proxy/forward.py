@@ -36,6 +36,16 @@ from .writing import CallerWriter
 __all__ = ["Forwarder"]
 
 
+class _Relays:
+    """The SSE answers being relayed now, and whether the gateway is stopping."""
+
+    __slots__ = ("closing", "streams")
+
+    def __init__(self) -> None:
+        self.streams: set[aiohttp.ClientResponse] = set()
+        self.closing = False
+
+
 class Forwarder:
     """Sends requests to their upstream and relays the answers, keeping (through ``readthrough``)
     those of cache misses.
@@ -51,6 +61,8 @@ class Forwarder:
         metrics: GatewayMetrics,
         writer: CallerWriter,
         on_success: Callable[[str, str], None] | None = None,
+        *,
+        previous: Forwarder | None = None,
     ) -> None:
         self.readthrough = readthrough
         self.metrics = metrics
@@ -59,9 +71,15 @@ class Forwarder:
         #: With gateway auth, a caller's Authorization holds the gateway's token: never forwarded.
         self.allow_authorization = config.auth is None
         self.on_success = on_success
-        self._streams: set[aiohttp.ClientResponse] = set()
-        #: Set by :meth:`close_streams`: the relayed streams end because the gateway stops.
-        self.closing = False
+        #: The SSE answers being relayed, by every forwarder of the app (``previous``: the one
+        #: built from the config before a reload), so that a stop ends them all.
+        self._relays: _Relays = _Relays() if previous is None else previous._relays
+        self._streams = self._relays.streams
+
+    @property
+    def closing(self) -> bool:
+        """Set by :meth:`close_streams`: the relayed streams end because the gateway stops."""
+        return self._relays.closing
 
     async def forward(self, ex: Exchange, fwd: Forwarded) -> web.StreamResponse:
         """Send ``ex`` to ``ex.upstream`` (``fwd``: why) and relay the answer;
@@ -176,7 +194,7 @@ class Forwarder:
         waiting for its response gets a JSON-RPC error event (-32603) and a clean end of stream
         instead of waiting out the shutdown timeout (a legacy ``GET`` stream just ends); a listen
         stream's client then re-subscribes elsewhere. Background refreshes are cancelled."""
-        self.closing = True
+        self._relays.closing = True
         for resp in list(self._streams):
             resp.close()
         await self.readthrough.close()

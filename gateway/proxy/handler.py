@@ -41,6 +41,8 @@ class Proxy:
     ``upstreams`` is filled by the app once its client session exists; ``readthrough`` holds the
     cache (``readthrough.store``) and the shared tier behind it. ``on_success(upstream,
     protocol_version)`` hears every modern request an upstream answered with a result.
+    ``previous``: the proxy of the config before a reload, whose caller writer, journal and
+    relayed streams this one shares.
     """
 
     reads_body = True
@@ -52,18 +54,26 @@ class Proxy:
         readthrough: ReadThrough,
         metrics: GatewayMetrics,
         on_success: Callable[[str, str], None] | None = None,
+        *,
+        previous: Proxy | None = None,
     ) -> None:
         self.upstreams = upstreams
         self.readthrough = readthrough
         self.store = readthrough.store
         self.clock = readthrough.clock
-        writer = CallerWriter(
-            config.listener.write_timeout_s,
-            QueueBudget(config.listener.max_queued_bytes),
-            lambda reason: metrics.callers_dropped.labels(reason).inc(),
+        if previous is None:
+            writer = CallerWriter(
+                config.listener.write_timeout_s,
+                QueueBudget(config.listener.max_queued_bytes),
+                lambda reason: metrics.callers_dropped.labels(reason).inc(),
+            )
+            self.pipeline = Pipeline(config, metrics, writer)
+        else:  # the listener's (not reloaded): one queue budget and one journal for the app
+            writer = previous.pipeline.writer
+            self.pipeline = Pipeline(config, metrics, writer, previous.pipeline.journal)
+        self.forwarder: Forwarder = Forwarder(
+            config, readthrough, metrics, writer, on_success, previous=None if previous is None else previous.forwarder
         )
-        self.pipeline = Pipeline(config, metrics, writer)
-        self.forwarder = Forwarder(config, readthrough, metrics, writer, on_success)
         self.streams = LegacyStreams(self)
         self.caching = config.cache.max_entries > 0
         #: Per upstream: (vary the cache key on clientCapabilities, forward Authorization).

@@ -95,11 +95,20 @@ def sockname(request: web.Request) -> object:
 
 class Pipeline:
     """The steps every MCP route shares (see the module), for ``config``'s listener and
-    ``[auth]``; ``writer`` writes large answers, ``metrics`` receives the records."""
+    ``[auth]``; ``writer`` writes large answers, ``metrics`` receives the records (through
+    ``journal``, a new one by default)."""
 
-    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics, writer: CallerWriter) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        writer: CallerWriter,
+        journal: RequestJournal | None = None,
+    ) -> None:
         self.writer = writer
-        self.journal = RequestJournal(metrics.request_metrics, access_log)
+        # One journal an app (``journal``: the one of the pipeline before a reload): it alone
+        # drains the records into the metrics before a scrape.
+        self.journal = RequestJournal(metrics.request_metrics, access_log) if journal is None else journal
         self.tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
         public_base_url = config.registry.public_base_url
         self.origin_policy = OriginPolicy(

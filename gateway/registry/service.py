@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Final
 
 from ..cache import CacheStore, Clock, Invalidation, uri_of
@@ -122,6 +123,51 @@ class Registry:
         )
         self.tasks.spawn(self.leases.run(), name="registry:leases")
         self.tasks.spawn(self._mirror_loop(), name="registry:mirror")
+
+    def reload(self, config: GatewayConfig, upstreams: Mapping[str, Upstream], *, fresh: Collection[str]) -> None:
+        """Serve ``config``'s upstreams from now on (``upstreams``: their clients): those not in it
+        stop being probed and listened to and leave the metrics; those in ``fresh`` (added, or
+        whose answers may differ now) start over, probed at once; the others keep their state,
+        probe schedule and listen stream, on their new client (another timeout, say). The state
+        is a new :class:`RegistryState` (the requests begun before keep the old one), sharing
+        the kept upstreams' states. Not with a cluster (:mod:`gateway.reload` refuses it)."""
+        assert self.cluster is None
+        previous = self.state.upstreams
+        state = RegistryState(())
+        state.upstreams = {
+            name: previous[name] if name in previous and name not in fresh else UpstreamState(name)
+            for name in config.upstreams
+        }
+        for name in previous:
+            if name not in config.upstreams or name in fresh:
+                self._stop_jobs(name)
+                self._forget(name)
+        self.state = state
+        self.config = config
+        self._upstreams = upstreams
+        if self.settings is None:
+            return
+        for name, upstream in upstreams.items():
+            if name not in self._jobs:
+                self._start_jobs(name)
+                continue
+            self.probers[name].upstream = upstream
+            if (stream := self.listen_streams.get(name)) is not None:
+                stream.upstream = upstream  # from its next subscription on
+
+    def _stop_jobs(self, name: str) -> None:
+        for task in self._jobs.pop(name, []):
+            task.cancel()
+        self.listen_streams.pop(name, None)
+        self.probers.pop(name, None)
+
+    def _forget(self, name: str) -> None:
+        """``name``'s series leave the metrics: an alert on a gone upstream must not fire."""
+        with contextlib.suppress(KeyError):
+            self.metrics.upstream_up.remove(name)
+        for version in self._versions_labelled.pop(name, set()):
+            with contextlib.suppress(KeyError):
+                self.metrics.upstream_supported_version.remove(name, version)
 
     def _lease_changed(self, name: str, held: bool) -> None:
         if held:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import itertools
 import logging
@@ -342,6 +343,22 @@ class GatewayMetrics:
             registry=own,
             multiprocess_mode="livesum",
         )
+        self.config_info = Gauge(
+            "config_info",
+            "1 for the config this process serves, by the SHA-256 of its file's bytes.",
+            ["sha256"],
+            namespace=ns,
+            registry=own,
+            multiprocess_mode="livemax",
+        )
+        self.config_reloads = Counter(
+            "config_reloads",
+            "Config reloads (SIGHUP, POST /admin/reload), by outcome: ok, or failed (nothing changed: the "
+            "file was invalid, or this process cannot reload).",
+            ["outcome"],
+            namespace=ns,
+            registry=own,
+        )
 
         # The shared tier ([cluster]). cluster_up exists only with it: an alert on it being 0
         # must not fire for a gateway that has no shared tier.
@@ -399,6 +416,19 @@ class GatewayMetrics:
         (``set_function``); in a group, written to the files every :data:`GAUGE_SAMPLE_S`
         (:meth:`sampling`) and before each scrape of this worker."""
         self._track(self.inflight.labels(upstream), read)
+
+    def untrack_inflight(self, upstream: str) -> None:
+        """``inflight_requests{upstream}`` of a removed upstream leaves the metrics."""
+        with contextlib.suppress(KeyError):
+            self.inflight.remove(upstream)
+
+    def serve_config(self, previous: str | None, sha256: str | None) -> None:
+        """``config_info{sha256}`` is 1 for ``sha256`` only (``None``: not read from a file)."""
+        if previous is not None and previous != sha256:
+            with contextlib.suppress(KeyError):
+                self.config_info.remove(previous)
+        if sha256 is not None:
+            self.config_info.labels(sha256).set(1)
 
     def track_store(self, store: SizedStore) -> None:
         """``cache_entries`` (entries) and ``cache_bytes`` (bytes of results) read from ``store``

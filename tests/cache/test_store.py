@@ -134,3 +134,40 @@ def test_a_purge_of_one_upstream_does_not_count_against_another() -> None:
     store.purge(Invalidation(), "purge")
     store.purge(lambda _key: True, "cluster")
     assert (store.purges_of("a"), store.purges_of("b")) == (a + 3, b + 2)
+
+
+def test_shrinking_max_entries_evicts_the_least_recently_used_down_to_it_at_once() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev, max_entries=10)
+    for i in range(6):
+        entry = build_entry(result(), clock(), 3_600_000)
+        assert entry is not None and store.put(key(cursor=str(i)), entry)
+    assert store.get(key(cursor="0")) is not None  # now the most recently used
+    assert store.resize(max_entries=2, max_bytes=1 << 20, keep_stale=False) == 4
+    assert len(store) == 2
+    assert store.get(key(cursor="0")) is not None and store.get(key(cursor="5")) is not None
+    assert ev == [("size", 4)]
+
+
+def test_shrinking_max_bytes_evicts_down_to_it_and_bounds_later_puts() -> None:
+    clock, ev = FakeClock(), []
+    entry = build_entry(result(), clock(), 3_600_000)
+    assert entry is not None
+    store = make_store(clock, ev, max_entries=100, max_bytes=entry.size * 10)
+    for i in range(5):
+        store.put(key(cursor=str(i)), entry)
+    assert store.resize(max_entries=100, max_bytes=entry.size * 2, keep_stale=False) == 3
+    assert store.total_bytes == entry.size * 2
+    assert store.get(key(cursor="4")) is not None and store.get(key(cursor="0")) is None
+    store.put(key(cursor="9"), entry)
+    assert store.total_bytes == entry.size * 2
+
+
+def test_a_store_resized_to_keep_stale_entries_answers_stale_after_expiry() -> None:
+    clock, ev = FakeClock(), []
+    store = make_store(clock, ev)
+    store.resize(max_entries=3, max_bytes=1 << 20, keep_stale=True)
+    entry = build_entry(result(ttlMs=1000), clock(), 3_600_000, stale_if_error_ms=5000)
+    assert entry is not None and store.put(key(), entry)
+    clock.advance(2)
+    assert store.get(key()) is None and store.stale(key()) is entry

@@ -1,0 +1,158 @@
+"""Generations (gateway.generation): a request keeps the generation it began with to its end, and
+reloads in a row leave nothing of the generations they replaced running.
+
+In-process (the gateway on the test's event loop, on real sockets, in front of real SDK
+upstreams from tests/servers/), to see the event loop's tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from gateway.app import METRICS, REGISTRY, RELOADER, create_app
+from gateway.config import read_config
+
+from .support.fleet import HOST, Upstream, fetch_counts, reset_counts, run_server
+from .support.polling import wait_until
+from .support.reloading import public, steady_load, tools_list
+from .support.replicas import ADMIN_TOKEN, dump_toml
+from .support.wire import mcp_headers, rpc
+
+
+@pytest.fixture(scope="module")
+def up_a() -> Iterator[Upstream]:
+    with run_server("public_upstream") as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def up_b() -> Iterator[Upstream]:
+    with run_server("public_upstream") as up:
+        yield up
+
+
+@pytest.fixture
+async def counted(up_a: Upstream, up_b: Upstream) -> tuple[Upstream, Upstream]:
+    """The two upstreams, their counts cleared."""
+    await reset_counts(up_a)
+    await reset_counts(up_b)
+    return up_a, up_b
+
+
+class Served:
+    """The gateway of the file ``path``, served in-process on 127.0.0.1."""
+
+    def __init__(self, path: Path) -> None:
+        loaded = read_config(path)
+        self.app: web.Application = create_app(
+            loaded.config, config_sha256=loaded.sha256, reload_source=lambda: read_config(path)
+        )
+        self.server = TestServer(self.app, host=HOST)
+
+    @property
+    def base(self) -> str:
+        return str(self.server.make_url("")).rstrip("/")
+
+    def url(self, upstream: str) -> str:
+        return f"{self.base}/servers/{upstream}/mcp"
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[Any]:
+    """``await serve(config_dict)`` -> :class:`Served` of that config written as a file (with [admin])."""
+    started: list[Served] = []
+    path = tmp_path / "gw.toml"
+
+    async def start(config: dict[str, Any]) -> Served:
+        path.write_text(dump_toml({"admin": {"token": ADMIN_TOKEN}, **config}))
+        served = Served(path)
+        await served.server.start_server()
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        await served.server.close()
+
+
+async def test_a_request_in_flight_finishes_on_the_timeout_it_began_with_and_the_next_has_the_new_one(
+    tmp_path: Path, serve: Any, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, _ = counted
+    gw = await serve({"registry": {"enabled": False}, "upstreams": {"a": public(up_a, timeout_s=30)}})
+    slow = {"name": "slow_progress", "arguments": {"steps": 6, "delay_ms": 250}}  # ~1.5 s, one JSON answer
+    body = json.dumps(rpc("tools/call", 3, **slow)).encode()
+    headers = mcp_headers("tools/call", "slow_progress")
+    async with aiohttp.ClientSession() as http:
+
+        async def call() -> tuple[int, dict[str, Any]]:
+            async with http.post(gw.url("a"), data=body, headers=headers) as resp:
+                return resp.status, await resp.json()
+
+        first = asyncio.create_task(call())
+        await wait_until(lambda: _called(up_a), what="the first call to reach the upstream")
+        quick = {"admin": {"token": ADMIN_TOKEN}, "registry": {"enabled": False}}
+        (tmp_path / "gw.toml").write_text(dump_toml({**quick, "upstreams": {"a": public(up_a, timeout_s=0.5)}}))
+        outcome = gw.app[RELOADER].reload()
+        assert outcome.error is None and outcome.diff is not None and outcome.diff.retuned == ("a",)
+        second_status, second = await call()
+        first_status, first_body = await first
+    assert (first_status, first_body["result"]["structuredContent"]) == (200, {"result": "done after 6 steps"})
+    assert second_status == 504 and second["error"]["code"] == -32603, second
+
+
+def lasting_tasks() -> list[str]:
+    """The event loop's tasks, by coroutine name, but this test's own and the short waits a listen
+    stream holds between two streams (``sleep``, ``Event.wait``)."""
+    current = asyncio.current_task()
+    names = (task.get_coro().__qualname__ for task in asyncio.all_tasks() if task is not current)
+    return sorted(name for name in names if name not in ("sleep", "Event.wait"))
+
+
+async def _called(up: Upstream) -> bool:
+    return (await fetch_counts(up)).get("tools/call", 0) >= 1
+
+
+async def test_twenty_reloads_in_a_row_under_load_fail_no_request_and_leave_no_task_behind(
+    tmp_path: Path, serve: Any, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, up_b = counted
+    config: dict[str, Any] = {"upstreams": {"a": public(up_a), "b": public(up_b)}}
+    gw = await serve(config)
+    path = tmp_path / "gw.toml"
+    urls = [gw.url("a"), gw.url("b")]
+    await wait_until(lambda: gw.app[REGISTRY].ready, what="every upstream probed once")
+    before = lasting_tasks()
+    assert before.count("Registry._probe_loop") == 2 and before.count("ListenStream.run") == 2, before
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http:  # closed before the count: no connection left
+        load = asyncio.create_task(steady_load(http, urls, stop))
+        for i in range(20):  # c comes and goes, a is retuned each time (its entries stay)
+            step = copy.deepcopy(config)
+            step["upstreams"]["a"]["timeout_s"] = 10 + i
+            if i % 2 == 0:
+                step["upstreams"]["c"] = public(up_b, headers={"X-Fleet-Tag": str(i)})
+            path.write_text(dump_toml({"admin": {"token": ADMIN_TOKEN}, **step}))
+            admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with http.post(f"{gw.base}/admin/reload", headers=admin) as resp:
+                assert resp.status == 200, await resp.text()
+            await tools_list(http, urls[0])  # the load goes on between two reloads
+        path.write_text(dump_toml({"admin": {"token": ADMIN_TOKEN}, **config}))
+        assert gw.app[RELOADER].reload().error is None
+        stop.set()
+        sent, failures = await load
+    assert failures == [], failures[:5]
+    assert sent > 0
+
+    await wait_until(lambda: lasting_tasks() == before, limit_s=10, what=f"the loop's tasks to come back to {before}")
+    assert gw.app[METRICS].config_reloads.labels("ok")._value.get() == 21
