@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,11 @@ from gateway.app import METRICS, RELOADER, create_app
 from gateway.config import ConfigError, parse_config, read_config
 from gateway.reload import ConfigDiff, applicable, diff_configs
 
-from .support.fleet import REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port, reset_counts, run_server
-from .support.polling import wait_until
-from .support.reloading import admin_reload, gateway, public, rewrite, served_sha, sighup, steady_load, tools_list
-from .support.replicas import dump_toml
-from .support.wire import mcp_headers, rpc, sse_events
+from ..support.fleet import REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port
+from ..support.polling import wait_until
+from ..support.reloading import admin_reload, gateway, public, rewrite, served_sha, sighup, steady_load, tools_list
+from ..support.replicas import dump_toml
+from ..support.wire import mcp_headers, rpc, sse_events
 
 # -- the diff, in-process ----------------------------------------------------------------------------
 
@@ -107,26 +107,6 @@ def test_an_unchanged_config_changes_nothing() -> None:
 
 
 # -- real processes ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def up_a() -> Iterator[Upstream]:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def up_b() -> Iterator[Upstream]:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture
-async def counted(up_a: Upstream, up_b: Upstream) -> tuple[Upstream, Upstream]:
-    """The two upstreams, their counts and recorded requests cleared."""
-    await reset_counts(up_a)
-    await reset_counts(up_b)
-    return up_a, up_b
 
 
 async def test_an_upstream_added_to_the_file_is_served_within_2_s_of_sighup_and_no_other_request_fails(

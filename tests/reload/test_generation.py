@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,31 +22,11 @@ from aiohttp.test_utils import TestServer
 from gateway.app import METRICS, REGISTRY, RELOADER, create_app
 from gateway.config import read_config
 
-from .support.fleet import HOST, Upstream, fetch_counts, reset_counts, run_server
-from .support.polling import wait_until
-from .support.reloading import public, steady_load, tools_list
-from .support.replicas import ADMIN_TOKEN, dump_toml
-from .support.wire import mcp_headers, rpc
-
-
-@pytest.fixture(scope="module")
-def up_a() -> Iterator[Upstream]:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def up_b() -> Iterator[Upstream]:
-    with run_server("public_upstream") as up:
-        yield up
-
-
-@pytest.fixture
-async def counted(up_a: Upstream, up_b: Upstream) -> tuple[Upstream, Upstream]:
-    """The two upstreams, their counts cleared."""
-    await reset_counts(up_a)
-    await reset_counts(up_b)
-    return up_a, up_b
+from ..support.fleet import HOST, Upstream, fetch_counts
+from ..support.polling import wait_until
+from ..support.reloading import public, steady_load, tools_list
+from ..support.replicas import ADMIN_TOKEN, dump_toml
+from ..support.wire import mcp_headers, rpc
 
 
 class Served:
