@@ -64,6 +64,8 @@ REQUIRED_ALERTS = {
     "MCPGatewayInvalidationsPending",
     "MCPGatewaySharedTierForgedValues",
     "MCPGatewayServingStale",
+    "MCPGatewayConfigReloadFailed",
+    "MCPGatewayConfigDrift",
 }
 
 
