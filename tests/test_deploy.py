@@ -271,6 +271,10 @@ def test_dashboard_content():
     # serving through upstream failures: stale answers and refresh-ahead
     assert 'result="stale"' in exprs
     assert "sum by (upstream, outcome) (rate(mcp_gateway_cache_refreshes_total" in exprs
+    # config reload: the configs served (replicas by sha256, each instance's) and reloads by outcome
+    assert "count by (sha256) (mcp_gateway_config_info" in exprs
+    assert "max by (instance, sha256) (mcp_gateway_config_info" in exprs
+    assert "sum by (outcome) (increase(mcp_gateway_config_reloads_total" in exprs
 
 
 # ---------------------------------------------- manifests and tools
