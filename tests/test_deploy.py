@@ -7,6 +7,8 @@ tests FAIL on purpose instead of skipping. Needs PyYAML.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import http.server
 import json
 import os
@@ -18,8 +20,14 @@ import sys
 import threading
 import tomllib
 
+import aiohttp
 import pytest
 import yaml
+
+from .support.fleet import Upstream
+from .support.polling import wait_until
+from .support.reloading import gateway, public, served_sha
+from .support.replicas import dump_toml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -454,6 +462,92 @@ def test_service_pdb_hpa_servicemonitor_wiring(deployment, container):
     assert endpoint["path"] == "/metrics"
     # the alert rules select job="mcp-gateway"
     assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "mcp-gateway"
+
+
+def config_reloader(deployment: dict) -> dict:
+    """The ``config-reloader`` sidecar of the Deployment (a native sidecar: an init container that keeps running)."""
+    (sidecar,) = [
+        c for c in deployment["spec"]["template"]["spec"].get("initContainers", []) if c["name"] == "config-reloader"
+    ]
+    return sidecar
+
+
+def test_the_config_reloader_sidecar_sees_the_gateways_config_file_and_calls_its_reload_route(deployment, container):
+    sidecar = config_reloader(deployment)
+    assert sidecar["restartPolicy"] == "Always"  # a sidecar: started before the gateway, runs beside it
+    env = {e["name"]: e for e in sidecar["env"]}
+    assert env["MCP_GATEWAY_CONFIG"]["value"] == CONFIG_PATH
+    port = container["ports"][0]["containerPort"]
+    assert env["RELOAD_URL"]["value"] == f"http://127.0.0.1:{port}/admin/reload"
+    gateway_env = {e["name"]: e for e in container["env"]}
+    assert env["GATEWAY_ADMIN_TOKEN"]["valueFrom"] == gateway_env["GATEWAY_ADMIN_TOKEN"]["valueFrom"]
+    # the same volume at the same path, and never through subPath (the kubelet does not update those)
+    volume = {m["name"]: m for m in container["volumeMounts"]}["config"]
+    (mount,) = [m for m in sidecar["volumeMounts"] if m["name"] == "config"]
+    assert (mount["mountPath"], mount["readOnly"]) == (volume["mountPath"], True)
+    assert "subPath" not in mount and "subPath" not in volume
+    assert sidecar["securityContext"] == container["securityContext"]
+    assert {"cpu", "memory"} <= sidecar["resources"]["limits"].keys()
+
+
+def swap_config(path: pathlib.Path, config: dict) -> str:
+    """``config`` (with the running file's ``[listener]`` and ``[admin]``) as ``path``, replaced in one step as the
+    kubelet swaps a ConfigMap volume's files; the SHA-256 of the bytes written."""
+    current = tomllib.loads(path.read_text())
+    text = dump_toml({"listener": current["listener"], "admin": current["admin"], **config})
+    staged = path.with_suffix(".staged")
+    staged.write_text(text)
+    os.replace(staged, path)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def test_the_config_reloader_reloads_the_gateway_when_its_file_changes_and_sends_an_invalid_file_once(
+    deployment, tmp_path: pathlib.Path, http: aiohttp.ClientSession, public_up: Upstream
+) -> None:
+    """The sidecar's own script (sh, sha256sum, curl) against a real gateway process."""
+    script = config_reloader(deployment)["command"][-1]
+    async with gateway(tmp_path, {"upstreams": {"a": public(public_up)}}) as gw:
+        path = gw[0].config_path
+        env = {
+            **os.environ,
+            "MCP_GATEWAY_CONFIG": str(path),
+            "RELOAD_URL": f"{gw.base_url(0)}/admin/reload",
+            "RELOAD_INTERVAL_S": "0.2",
+            "GATEWAY_ADMIN_TOKEN": gw.admin_token,
+        }
+        reloader = await asyncio.create_subprocess_exec(
+            "sh", "-c", script, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+
+        async def reloads(outcome: str) -> float | None:
+            return await gw.metric(0, "mcp_gateway_config_reloads_total", outcome=outcome)
+
+        try:
+            assert reloader.stdout is not None
+            started = await asyncio.wait_for(reloader.stdout.readline(), 10)
+            assert b"watching" in started, started
+            two = swap_config(path, {"upstreams": {"a": public(public_up), "b": public(public_up)}})
+
+            async def serving(sha: str) -> bool:
+                return await served_sha(gw) == sha
+
+            await wait_until(lambda: serving(two), what="the gateway to serve the file with b")
+            swap_config(path, {"upstreams": {"a": {"url": "not a url"}}})
+            await wait_until(lambda: reloads("failed"), what="the invalid file to be refused")
+            # Not sent again while it stays: a check that something does not happen needs a
+            # window; 10 of the reloader's turns.
+            loop = asyncio.get_running_loop()
+            window_ends = loop.time() + 10 * 0.2
+            while loop.time() < window_ends:
+                assert await reloads("failed") == 1
+                await asyncio.sleep(0.05)
+            one_again = swap_config(path, {"upstreams": {"a": public(public_up)}})
+            await wait_until(lambda: serving(one_again), what="the gateway to serve the file without b")
+            assert (await reloads("failed"), await reloads("ok")) == (1, 2)
+        finally:
+            reloader.terminate()
+            output_text = (await asyncio.wait_for(reloader.communicate(), 10))[0].decode()
+        assert "changed (sha256 " + two in output_text, output_text
 
 
 # ------------------------------------------------- structure: Dockerfile
