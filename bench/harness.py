@@ -250,6 +250,8 @@ def wrk(
         "p50_ms": lat["p50"] / 1000,
         "p90_ms": lat["p90"] / 1000,
         "p99_ms": lat["p99"] / 1000,
+        "p999_ms": lat["p999"] / 1000,
+        "max_ms": lat["max"] / 1000,
         "requests": raw["requests"],
         "non_2xx": errors["status"],
         "socket_errors": errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
