@@ -72,6 +72,7 @@ def create_app(
     worker_bus: str | None = None,
     config_sha256: str | None = None,
     reload_source: Callable[[], LoadedConfig] | None = None,
+    reload_group: Callable[[], object] | None = None,
 ) -> web.Application:
     """Build the gateway for ``config``.
 
@@ -86,7 +87,8 @@ def create_app(
     notifications reach the other workers (:mod:`gateway.cluster.workers`), with ``[cluster]`` too.
     ``config_sha256`` is the SHA-256 of the file ``config`` was read from (``/readyz``,
     ``mcp_gateway_config_info``); ``reload_source`` reads that file again for a reload
-    (``POST /admin/reload``, and ``SIGHUP`` through :data:`RELOADER`; :mod:`gateway.reload`).
+    (``POST /admin/reload``, and ``SIGHUP`` through :data:`RELOADER`; :mod:`gateway.reload`);
+    ``reload_group``, in a ``--workers`` worker, has the other workers reload after the route did.
     """
     # No app-wide middleware: the MCP routes answer their own unexpected errors as JSON-RPC
     # (Proxy.internal_error), and a middleware costs every cache hit ~8% (bench/RESULTS.md). Other
@@ -129,10 +131,8 @@ def create_app(
     live = Live(build_generation(parts, config, config_sha256, {}))
     upstreams = live.generation.upstreams  # filled once the client session exists
     proxy = live.proxy
-    refused = "with [cluster]" if cluster is not None else "with --workers" if bus is not None else None
-    app[RELOADER] = Reloader(
-        parts, live, store, reload_source, refused=None if refused is None else f"not yet supported {refused}; restart"
-    )
+    refused = "not yet supported with [cluster]; restart" if cluster is not None else None
+    app[RELOADER] = Reloader(parts, live, store, reload_source, refused=refused, group=reload_group)
     app[LIVE] = live
     app[INVALIDATOR] = invalidator
     if cluster is not None:
@@ -392,11 +392,12 @@ async def _reload(request: web.Request) -> web.Response:
     "retuned": [...], "not_applied": [dotted keys]}`` (with ``"detail"`` when keys were not
     applied); 400 and ``{"reloaded": false, "error": <check-config's message>, "config_sha256":
     <the one still served>}`` for an invalid file, which changes nothing; 409 likewise when this
-    process cannot reload (``[cluster]``, ``--workers``).
+    process cannot reload (``[cluster]``). In a ``--workers`` group the other workers reload too
+    (:meth:`~gateway.reload.Reloader.reload_group`); the answer is this worker's.
     """
     if not _is_admin(request, request.app[LIVE].generation.config):
         return error_response(Unauthorized(realm="mcp-gateway-admin"))
-    outcome = request.app[RELOADER].reload()
+    outcome = request.app[RELOADER].reload_group()
     return web.json_response(outcome.to_json(), status=outcome.status)
 
 

@@ -7,17 +7,15 @@ import asyncio
 import contextlib
 import errno
 import functools
-import glob
 import importlib.util
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from aiohttp import web
@@ -25,7 +23,10 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from .config import ConfigError, GatewayConfig, LoadedConfig, read_config
 from .httpserver import install_json_errors
-from .telemetry import ACCESS_LOGGER, MULTIPROC_DIR_ENV, AccessLogHandler, MultiProcessRegistry, quiet_server_errors
+from .relay import GroupReload
+from .telemetry import ACCESS_LOGGER, AccessLogHandler, MultiProcessRegistry, quiet_server_errors
+from .telemetry.group import metrics_dir
+from .watch import reloading_on_change
 
 __all__ = ["main"]
 
@@ -231,6 +232,7 @@ def fork_workers(
     *,
     listeners: Sequence[socket.socket] = (),
     on_exit: Callable[[int], None] | None = None,
+    group: GroupReload | None = None,
 ) -> int:
     """Fork ``count`` worker processes, worker ``i`` calling ``run_one(i)``; supervise them.
 
@@ -240,13 +242,18 @@ def fork_workers(
     ``aiohttp.web.run_app`` turns into a graceful shutdown). If a worker dies on its own,
     the others are stopped too and the exit status is 1: the process supervisor (systemd,
     Kubernetes) restarts the whole gateway, so no worker silently goes missing.
-    ``on_exit(pid)`` is called once each worker has exited and been reaped.
+    ``on_exit(pid)`` is called once each worker has exited and been reaped. SIGHUP to the parent
+    is passed on to every worker, and a worker's ``POST /admin/reload`` to the others, through
+    ``group`` (:mod:`gateway.relay`).
     """
     log = logging.getLogger("mcp_gateway")
     workers: dict[int, int] = {}
+    group = group or GroupReload()
+    group.install(workers)
     for index in range(count):
         pid = os.fork()
         if pid == 0:  # the worker
+            group.in_worker()
             code = 1
             try:
                 run_one(index)
@@ -259,6 +266,7 @@ def fork_workers(
                 logging.shutdown()  # os._exit skips atexit: write the queued access-log lines
                 os._exit(code)
         workers[pid] = index
+    group.in_parent()
     for sock in listeners:
         sock.close()
 
@@ -273,8 +281,6 @@ def fork_workers(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    # Not the default (the parent would die): a group does not reload yet (each worker refuses too).
-    signal.signal(signal.SIGHUP, lambda *_: log.warning("SIGHUP: config reload is not yet supported with --workers"))
     status = 0
     while workers:
         pid, wait_status = os.wait()
@@ -288,27 +294,8 @@ def fork_workers(
             log.error("worker %d (pid %d) exited with %d; stopping the others", index, pid, code)
             status = 1
             stop(signal.SIGTERM, None)
+    group.close()
     return status
-
-
-@contextlib.contextmanager
-def metrics_dir() -> Iterator[str]:
-    """The directory of a process group's metric files (prometheus_client multiprocess mode):
-    ``$PROMETHEUS_MULTIPROC_DIR`` when the operator set it (created if missing; the ``*.db``
-    files of an earlier run removed first, as prometheus_client advises, and left at exit), else
-    a new temporary directory, removed at exit."""
-    given = os.environ.get(MULTIPROC_DIR_ENV)
-    if given:
-        os.makedirs(given, exist_ok=True)
-        for stale in glob.glob(os.path.join(glob.escape(given), "*.db")):
-            os.remove(stale)
-        yield given
-        return
-    path = tempfile.mkdtemp(prefix="mcp-gateway-metrics-")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(
@@ -321,6 +308,7 @@ def serve(
     workers: int = 1,
     loop: str = "auto",
     hot_path: bool = True,
+    watch: bool = False,
 ) -> int:
     """Run the gateway until interrupted on the event loop ``loop`` (see :data:`LOOPS`); returns
     the exit status.
@@ -335,12 +323,13 @@ def serve(
     (prometheus_client multiprocess mode), and ``/metrics``, whichever worker answers it,
     reports the sum over all of them (``gateway.telemetry.metrics``). ``config_path`` (with
     ``sha256``, of its bytes) is the file ``config`` was read from: ``SIGHUP`` and
-    ``POST /admin/reload`` read it again (:mod:`gateway.reload`; one process only, for now).
+    ``POST /admin/reload`` read it again (:mod:`gateway.reload`; in a group every worker does,
+    :mod:`gateway.relay`), and so does a change to it with ``watch`` (:mod:`gateway.watch`).
 
     Raises:
         StartupError: the socket cannot be bound, or ``loop`` is ``uvloop`` and it is not installed.
     """
-    from .app import create_app, reload_on_sighup
+    from .app import RELOADER, create_app, reload_on_sighup
 
     bind_host = host or config.listener.host
     bind_port = config.listener.port if port is None else port
@@ -361,6 +350,8 @@ def serve(
             "--loop uvloop: uvloop is not installed; pip install 'mcp-gateway[speed]' or use --loop auto"
         )
 
+    group = GroupReload(config_path if watch else None) if workers > 1 else None
+
     def run_one(socks: list[socket.socket], group_dir: str | None = None, bus_dir: str | None = None) -> None:
         # In the worker, after the fork: its metrics are created here, in multiprocess mode.
         registry = None if group_dir is None else MultiProcessRegistry(group_dir)
@@ -371,8 +362,13 @@ def serve(
             worker_bus=bus_dir,
             config_sha256=sha256,
             reload_source=reload_source,
+            reload_group=None if group is None else group.request,
         )
         app.on_startup.append(reload_on_sighup)
+        if group is not None:
+            app.on_startup.append(group.after_start(lambda: app[RELOADER].reload()))
+        if watch and group is None and config_path is not None:
+            app.cleanup_ctx.append(reloading_on_change(config_path, lambda: app[RELOADER].reload()))
         web.run_app(
             app,
             sock=socks,
@@ -404,6 +400,7 @@ def serve(
             lambda _index: one(),
             listeners=socks,
             on_exit=functools.partial(mark_process_dead, path=path),  # its live* gauges leave the sums
+            group=group,
         )
 
 
@@ -443,6 +440,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--log-format", choices=("json", "text"), default=os.environ.get("MCP_GATEWAY_LOG_FORMAT", "json")
     )
     p_serve.add_argument(
+        "--watch",
+        action="store_true",
+        help="reload when the config file, or a ${file:PATH} secret it reads, changes (default off)",
+    )
+    p_serve.add_argument(
         "--plain-path",
         action="store_true",
         help="answer cache hits on the plain path, without the hit path's speed-ups (to measure them)",
@@ -475,6 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workers=args.workers,
                 loop=args.loop,
                 hot_path=not args.plain_path,
+                watch=args.watch,
             )
     except StartupError as exc:
         # Plain text whatever --log-format: it is read by whoever started the gateway (a

@@ -16,8 +16,14 @@ and its new settings apply from the next request. ``[auth]``, ``[admin].token``,
 ``/mcp``'s composed answers go when its members or ``[aggregate]`` change).
 ``[listener]``, ``[cluster]`` and ``[registry]``, and adding or removing ``[admin]`` or
 ``[aggregate]``, need a restart: the rest is applied, and the answer and the log line name the keys
-that were not (:attr:`ConfigDiff.not_applied`). A process with ``[cluster]`` or of a ``--workers``
-group refuses every reload for now (HTTP 409), saying so.
+that were not (:attr:`ConfigDiff.not_applied`). A process with ``[cluster]`` refuses every reload
+for now (HTTP 409), saying so.
+
+In a ``--workers`` group each worker reloads its own copy, reading the file itself: ``SIGHUP`` to
+the parent is passed on to every worker, and ``POST /admin/reload`` on one worker reloads it and
+then has the parent pass ``SIGHUP`` on to the others (:meth:`Reloader.reload_group`,
+``gateway.cli``). A worker whose reload fails keeps its config; ``mcp_gateway_config_info``
+shows every config some worker serves.
 """
 
 from __future__ import annotations
@@ -151,7 +157,8 @@ class Reload:
 class Reloader:
     """Reloads ``live`` from ``source`` (the config file, read and validated anew at each call),
     over the app's ``parts`` and ``store``. ``refused``: why this process cannot reload (then
-    every reload fails with it, HTTP 409)."""
+    every reload fails with it, HTTP 409). ``group``: in a ``--workers`` group, asks the parent to
+    have the other workers reload (returns at once; their outcomes are theirs)."""
 
     def __init__(
         self,
@@ -161,12 +168,14 @@ class Reloader:
         source: Callable[[], LoadedConfig] | None,
         *,
         refused: str | None = None,
+        group: Callable[[], object] | None = None,
     ) -> None:
         self.parts = parts
         self.live = live
         self.store = store
         self.source = source
         self.refused = refused
+        self.group = group
         if source is None and refused is None:
             self.refused = "this gateway was not started from a config file"
         parts.metrics.config_reloads.labels("ok")  # both series exist from the start (0)
@@ -212,6 +221,15 @@ class Reloader:
             f"; not applied, a restart needed: {', '.join(diff.not_applied)}" if diff.not_applied else "",
         )
         return Reload(loaded.sha256, diff)
+
+    def reload_group(self) -> Reload:
+        """:meth:`reload` here, then the other workers of the group (``group``), unless this
+        process cannot reload at all (409): they read the same file, so an invalid one fails in
+        each and changes nothing anywhere. The outcome is this process's."""
+        outcome = self.reload()
+        if self.group is not None and outcome.status != 409:
+            self.group()
+        return outcome
 
     def _failed(self, outcome: Reload) -> Reload:
         self.parts.metrics.config_reloads.labels("failed").inc()

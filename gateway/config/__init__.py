@@ -1,7 +1,7 @@
 """The gateway's configuration: the model of the config file (:mod:`.model`) and loading it
 from TOML (:mod:`.load`)."""
 
-from .load import ConfigError, LoadedConfig, load_config, parse_config, read_config
+from .load import ConfigError, LoadedConfig, load_config, parse_config, read_config, secret_files
 from .model import (
     AGGREGATE_SERVER_NAME,
     UPSTREAM_NAME_PATTERN,
@@ -33,4 +33,5 @@ __all__ = [
     "load_config",
     "parse_config",
     "read_config",
+    "secret_files",
 ]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from .model import GatewayConfig
 
-__all__ = ["ConfigError", "LoadedConfig", "load_config", "parse_config", "read_config"]
+__all__ = ["ConfigError", "LoadedConfig", "load_config", "parse_config", "read_config", "secret_files"]
 
 #: ``${NAME}`` (group 1) or ``${file:PATH}`` (group 2).
 _REF = re.compile(r"\$\{(?:([A-Za-z_][A-Za-z0-9_]*)|file:([^}]+))\}")
@@ -250,3 +250,16 @@ def read_config(path: str | Path, env: Mapping[str, str] | None = None) -> Loade
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc.__cause__
     return LoadedConfig(config, hashlib.sha256(raw).hexdigest())
+
+
+def secret_files(path: str | Path) -> tuple[Path, ...]:
+    """The files the ``${file:PATH}`` references in the config file at ``path`` name (relative to
+    its directory, as :func:`read_config` reads them), in order, each once; none when ``path``
+    cannot be read (what ``serve --watch`` watches besides ``path``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ()
+    base = Path(path).parent
+    found = (base / m.group(2).strip() for m in _REF.finditer(text) if m.group(2) is not None)
+    return tuple(dict.fromkeys(found))

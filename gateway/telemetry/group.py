@@ -33,7 +33,11 @@ or socket, and a scrape costs the scraped worker a read of N small files.
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
@@ -50,6 +54,7 @@ __all__ = [
     "MultiProcessRegistry",
     "SharedRequestSeries",
     "ZeroOnRemoveGauge",
+    "metrics_dir",
 ]
 
 #: The environment variable naming prometheus_client's multiprocess directory.
@@ -184,3 +189,23 @@ class ZeroOnRemoveGauge(Gauge):
 
     def remove(self, *labelvalues: Any) -> None:
         self.labels(*labelvalues).set(0)
+
+
+@contextlib.contextmanager
+def metrics_dir() -> Iterator[str]:
+    """The directory of a process group's metric files (prometheus_client multiprocess mode):
+    ``$PROMETHEUS_MULTIPROC_DIR`` when the operator set it (created if missing; the ``*.db``
+    files of an earlier run removed first, as prometheus_client advises, and left at exit), else
+    a new temporary directory, removed at exit."""
+    given = os.environ.get(MULTIPROC_DIR_ENV)
+    if given:
+        os.makedirs(given, exist_ok=True)
+        for stale in glob.glob(os.path.join(glob.escape(given), "*.db")):
+            os.remove(stale)
+        yield given
+        return
+    path = tempfile.mkdtemp(prefix="mcp-gateway-metrics-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -343,7 +343,9 @@ class GatewayMetrics:
             registry=own,
             multiprocess_mode="livesum",
         )
-        self.config_info = Gauge(
+        # livemax in a group: 1 for each config some live worker serves; one no worker serves
+        # any more reads 0 (removed series read 0: the files cannot drop one).
+        self.config_info = (Gauge if group is None else ZeroOnRemoveGauge)(
             "config_info",
             "1 for the config this process serves, by the SHA-256 of its file's bytes.",
             ["sha256"],
