@@ -23,7 +23,7 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from .config import ConfigError, GatewayConfig, LoadedConfig, read_config
 from .httpserver import install_json_errors
-from .relay import GroupReload
+from .relay import EarlyHangup, GroupReload
 from .telemetry import ACCESS_LOGGER, AccessLogHandler, MultiProcessRegistry, quiet_server_errors
 from .telemetry.group import metrics_dir
 from .watch import reloading_on_change
@@ -351,6 +351,8 @@ def serve(
         )
 
     group = GroupReload(config_path if watch else None) if workers > 1 else None
+    # From here on a SIGHUP is a reload, never the end of a process (in a group, the workers' too).
+    hangups: GroupReload | EarlyHangup = group if group is not None else EarlyHangup()
 
     def run_one(socks: list[socket.socket], group_dir: str | None = None, bus_dir: str | None = None) -> None:
         # In the worker, after the fork: its metrics are created here, in multiprocess mode.
@@ -365,8 +367,7 @@ def serve(
             reload_group=None if group is None else group.request,
         )
         app.on_startup.append(reload_on_sighup)
-        if group is not None:
-            app.on_startup.append(group.after_start(lambda: app[RELOADER].reload()))
+        app.on_startup.append(hangups.after_start(lambda: app[RELOADER].reload()))
         if watch and group is None and config_path is not None:
             app.cleanup_ctx.append(reloading_on_change(config_path, lambda: app[RELOADER].reload()))
         web.run_app(

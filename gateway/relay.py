@@ -27,7 +27,7 @@ from aiohttp import web
 
 from .watch import ConfigWatch
 
-__all__ = ["GroupReload"]
+__all__ = ["EarlyHangup", "GroupReload"]
 
 log = logging.getLogger("mcp_gateway")
 
@@ -127,3 +127,26 @@ class GroupReload:
         for pid in dict.fromkeys(asked):
             log.info("worker pid %d reloaded the config (POST /admin/reload): the others reload too", pid)
             self._send(frozenset((pid,)))
+
+
+class EarlyHangup:
+    """One process: a ``SIGHUP`` before the app handles it (:func:`gateway.app.reload_on_sighup`)
+    is noted from now on, and the reload done once it does (:meth:`after_start`): the default
+    action would end the process, and ignoring it would leave it on the config read at start."""
+
+    def __init__(self) -> None:
+        self._missed = False
+        signal.signal(signal.SIGHUP, self._note)
+
+    def _note(self, _signum: int, _frame: object) -> None:
+        self._missed = True
+
+    def after_start(self, reload: Callable[[], object]) -> Callable[[web.Application], Awaitable[None]]:
+        """An ``on_startup`` hook, after :func:`gateway.app.reload_on_sighup`."""
+
+        async def catch_up(app: web.Application) -> None:
+            if self._missed:
+                self._missed = False
+                reload()
+
+        return catch_up

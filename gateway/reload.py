@@ -256,6 +256,9 @@ class Reloader:
         self.live.swap(build_generation(parts, config, sha256, upstreams, previous=old))
         # After the swap: a request that began before it and stores an answer after this purge
         # is refused by the store's purge count (the read-through's Lead.purges).
+        dropped = set(diff.dropped)
+        # Nor may a request made from now on join a fetch begun with the old url or headers.
+        parts.readthrough.coalescer.detach(lambda key: key.upstream in dropped)
         for name in diff.dropped:
             parts.invalidator.invalidate_soon(Invalidation(name), "reload")
         running = old.config
@@ -265,6 +268,12 @@ class Reloader:
             # A composed answer stays current while its parts do: one made of fewer members, or
             # under another separator, would.
             parts.invalidator.invalidate_soon(Invalidation(ROUTE), "reload")
+        if parts.hub is not None:
+            members_then = set(running.aggregate_members()) if running.aggregate is not None else set()
+            members_now = set(config.aggregate_members()) if config.aggregate is not None else set()
+            if members_then != members_now or dropped & (members_then | members_now):
+                # /mcp's lists changed: its listening clients are told (the hub knows only the new members).
+                parts.hub.purged(lambda _key: True, "reload")
         for name in diff.removed:
             metrics.untrack_inflight(name)
         cache = config.cache

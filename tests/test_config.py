@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config import ConfigError, load_config, parse_config, read_config
+from gateway.config.load import MAX_CONFIG_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,6 +75,20 @@ def test_missing_secret_file_is_a_load_error_naming_the_key(tmp_path: Path) -> N
     path = write(tmp_path, '[admin]\ntoken = "${file:/nonexistent/admin-token}"\n')
     with pytest.raises(ConfigError, match=r"admin\.token: cannot read secret file '/nonexistent/admin-token'"):
         load_config(path, env={})
+
+
+def test_a_secret_that_is_a_fifo_is_refused_at_once_never_waited_for(tmp_path: Path) -> None:
+    # Opening a FIFO to read waits for a writer: a reload reads on the event loop.
+    os.mkfifo(tmp_path / "token.fifo")
+    path = write(tmp_path, '[admin]\ntoken = "${file:token.fifo}"\n')
+    with pytest.raises(ConfigError, match=r"admin\.token: cannot read secret file .*not a regular file"):
+        load_config(path, env={})
+
+
+def test_a_config_file_over_its_bound_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, '[upstreams.a]\nurl = "http://127.0.0.1:1/mcp"\n' + "#" * MAX_CONFIG_BYTES)
+    with pytest.raises(ConfigError, match=r"cannot read: larger than"):
+        read_config(path, env={})
 
 
 def test_read_config_gives_the_sha256_of_the_file_bytes(tmp_path: Path) -> None:

@@ -44,8 +44,9 @@ FLAGS: Final[Mapping[str, tuple[frozenset[str], str]]] = {
     ),
 }
 #: Invalidation reasons that mean a member's lists changed, or may have (``stream_lost``: a
-#: member's stream ended without its result; ``cluster``: this process lost the shared event feed).
-_CHANGES: Final = frozenset({"notification", "stream_lost", "cluster"})
+#: member's stream ended without its result; ``cluster``: this process lost the shared event feed;
+#: ``reload``: a reload removed a member or changed what it answers).
+_CHANGES: Final = frozenset({"notification", "stream_lost", "cluster", "reload"})
 
 
 class _Client:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from .keys import CacheKey
 from .policy import CacheEntry
@@ -36,11 +37,34 @@ class Coalescer:
         self._inflight[key] = asyncio.get_running_loop().create_future()
         return None
 
-    def release(self, key: CacheKey, entry: CacheEntry | Stale | Failed | Abandoned | None) -> None:
-        """Publish the leader's outcome for ``key`` to its followers."""
-        fut = self._inflight.pop(key, None)
-        if fut is not None and not fut.done():
-            fut.set_result(entry)
+    def release(
+        self,
+        key: CacheKey,
+        entry: CacheEntry | Stale | Failed | Abandoned | None,
+        future: asyncio.Future[CacheEntry | Stale | Failed | Abandoned | None] | None = None,
+    ) -> None:
+        """Publish the leader's outcome for ``key`` to its followers; ``future`` (the leader's,
+        :meth:`future_of` just after its claim) once its key may have been detached (:meth:`detach`): then
+        only its own followers hear it, not those of a newer leader of the same key."""
+        if future is None:
+            future = self._inflight.pop(key, None)
+        elif self._inflight.get(key) is future:
+            del self._inflight[key]
+        if future is not None and not future.done():
+            future.set_result(entry)
+
+    def future_of(self, key: CacheKey) -> asyncio.Future[CacheEntry | Stale | Failed | Abandoned | None] | None:
+        """The future the followers of ``key``'s leader wait on."""
+        return self._inflight.get(key)
+
+    def detach(self, predicate: Callable[[CacheKey], bool]) -> int:
+        """Let no new request join the leaders of the keys ``predicate`` matches (a reload changed
+        their upstream: a request made after it must not get an answer fetched before it); their
+        own followers still get their outcome. Returns how many."""
+        keys = [key for key in self._inflight if predicate(key)]
+        for key in keys:
+            del self._inflight[key]
+        return len(keys)
 
     def __contains__(self, key: object) -> bool:
         """Whether a request for ``key`` leads it now."""

@@ -137,12 +137,14 @@ class Lead:
     store's purge count for the upstream when the read began (an answer that crosses a purge may
     be what the purge was for, and is not stored); ``waited_s``: seconds the shared tier took."""
 
-    __slots__ = ("_through", "answered", "flight", "key", "leading", "purges", "waited_s")
+    __slots__ = ("_future", "_through", "answered", "flight", "key", "leading", "purges", "waited_s")
 
     def __init__(self, through: ReadThrough, key: CacheKey, *, leading: bool) -> None:
         self._through = through
         self.key = key
         self.leading = leading
+        #: What this lead's followers wait on (the key's slot may be a newer leader's after a reload).
+        self._future = through.coalescer.future_of(key) if leading else None
         self.flight: Any = None
         self.purges = through.store.purges_of(key.upstream)
         self.waited_s = 0.0
@@ -162,7 +164,7 @@ class Lead:
         """Hand ``outcome`` to the followers, once."""
         if self.leading:
             self.leading = False
-            self._through.coalescer.release(self.key, outcome)
+            self._through.coalescer.release(self.key, outcome, self._future)
 
     def close(self) -> None:
         """The read ended: followers not answered yet read the key again (the leader stopped

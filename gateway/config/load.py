@@ -12,17 +12,19 @@ are read again at each load (a reload included).
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import tomllib
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -47,15 +49,41 @@ class LoadedConfig:
     sha256: str
 
 
+#: The largest config file and secret file read, in bytes: a reload reads them on the event loop,
+#: which a huge file would hold.
+MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
+MAX_SECRET_BYTES: Final = 64 * 1024
+
+
+def _read_regular(file: Path, limit: int) -> bytes:
+    """The bytes of ``file``, a regular file of at most ``limit`` bytes: never a FIFO or a device,
+    whose read could wait forever (the reload reads on the event loop).
+
+    Raises:
+        OSError: it cannot be read, is not a regular file, or is larger (``strerror`` says which).
+    """
+    info = file.stat()  # before opening: opening a FIFO to read waits for a writer
+    if not stat.S_ISREG(info.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file")
+    if info.st_size > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    with file.open("rb") as handle:
+        data = handle.read(limit + 1)  # it may have grown since the stat
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
+
+
 def _read_secret(spec: str, path: str, base: Path) -> str:
     """The contents of the file ``spec`` (relative to ``base``), one trailing newline dropped.
 
     Raises:
-        ConfigError: the file cannot be read or is not UTF-8, naming the key ``path``.
+        ConfigError: the file cannot be read, is not a regular file of at most
+            :data:`MAX_SECRET_BYTES`, or is not UTF-8, naming the key ``path``.
     """
     file = base / spec.strip()
     try:
-        text = file.read_text(encoding="utf-8")
+        text = _read_regular(file, MAX_SECRET_BYTES).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read secret file {str(file)!r}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -237,7 +265,7 @@ def read_config(path: str | Path, env: Mapping[str, str] | None = None) -> Loade
             of it (``gw.toml: line 3: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)``).
     """
     try:
-        raw = Path(path).read_bytes()
+        raw = _read_regular(Path(path), MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     try:

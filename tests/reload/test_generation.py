@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestServer
 from gateway.app import METRICS, REGISTRY, RELOADER, create_app
 from gateway.config import read_config
 
+from ..support import StartUpstream
 from ..support.fleet import HOST, Upstream, fetch_counts
 from ..support.polling import wait_until
 from ..support.reloading import public, steady_load, tools_list
@@ -136,3 +137,37 @@ async def test_twenty_reloads_in_a_row_under_load_fail_no_request_and_leave_no_t
 
     await wait_until(lambda: lasting_tasks() == before, limit_s=10, what=f"the loop's tasks to come back to {before}")
     assert gw.app[METRICS].config_reloads.labels("ok")._value.get() == 21
+
+
+async def test_a_request_after_a_reload_that_changed_its_upstream_never_waits_for_a_fetch_begun_before(
+    tmp_path: Path, serve: Any, counted: tuple[Upstream, Upstream], start_upstream: StartUpstream
+) -> None:
+    # A tools/list in flight to the old url (slow, then failing); the reload points `a` at a
+    # healthy upstream. A request made after it must not join the old fetch (its wait, its failure).
+    _, up_b = counted
+    old = await start_upstream()
+    release = asyncio.Event()
+
+    async def slow_failure(request: web.Request, msg: Any) -> web.StreamResponse:
+        await release.wait()
+        return web.Response(status=502, text="old backend gone")
+
+    old.handlers["tools/list"] = slow_failure
+    quiet = {"registry": {"enabled": False}}
+    gw = await serve({**quiet, "upstreams": {"a": {"url": old.url, "timeout_s": 30}}})
+    async with aiohttp.ClientSession() as http:
+        first = asyncio.create_task(tools_list(http, gw.url("a"), 1))
+        await wait_until(lambda: _true(bool(old.requests)), what="the first request at the old url")
+        (tmp_path / "gw.toml").write_text(
+            dump_toml({"admin": {"token": ADMIN_TOKEN}, **quiet, "upstreams": {"a": public(up_b)}})
+        )
+        outcome = gw.app[RELOADER].reload()
+        assert outcome.diff is not None and outcome.diff.changed == ("a",)
+        second = await asyncio.wait_for(tools_list(http, gw.url("a"), 2), 5)  # not the old fetch's 30 s
+        release.set()
+        await first
+    assert second.status == 200 and (await fetch_counts(up_b)).get("tools/list") == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
