@@ -129,9 +129,8 @@ def create_app(
     live = Live(build_generation(parts, config, config_sha256, {}))
     upstreams = live.generation.upstreams  # filled once the client session exists
     proxy = live.proxy
-    refused = "with [cluster]" if cluster is not None else "with --workers" if bus is not None else None
     app[RELOADER] = Reloader(
-        parts, live, store, reload_source, refused=None if refused is None else f"not yet supported {refused}; restart"
+        parts, live, store, reload_source, refused=None if bus is None else "not yet supported with --workers; restart"
     )
     app[LIVE] = live
     app[INVALIDATOR] = invalidator
@@ -392,11 +391,15 @@ async def _reload(request: web.Request) -> web.Response:
     "retuned": [...], "not_applied": [dotted keys]}`` (with ``"detail"`` when keys were not
     applied); 400 and ``{"reloaded": false, "error": <check-config's message>, "config_sha256":
     <the one still served>}`` for an invalid file, which changes nothing; 409 likewise when this
-    process cannot reload (``[cluster]``, ``--workers``).
+    process cannot reload (``--workers``). With ``[cluster]``, it answers once the upstreams
+    given a new identity are shared (:meth:`~gateway.reload.Reloader.settled`, at most 2 s).
     """
     if not _is_admin(request, request.app[LIVE].generation.config):
         return error_response(Unauthorized(realm="mcp-gateway-admin"))
-    outcome = request.app[RELOADER].reload()
+    reloader = request.app[RELOADER]
+    outcome = reloader.reload()
+    if outcome.error is None:
+        await reloader.settled()  # with [cluster]: the changed upstreams shared from the answer on
     return web.json_response(outcome.to_json(), status=outcome.status)
 
 

@@ -44,10 +44,10 @@ async def gateway(tmp_path: Path, config: Mapping[str, Any]) -> AsyncIterator[Re
         await gw.close()
 
 
-def rewrite(gw: Replicas, config: Mapping[str, Any]) -> str:
-    """``config`` as the gateway's file (its port and admin token kept unless ``config`` sets them);
-    the SHA-256 of the bytes written."""
-    path = gw[0].config_path
+def rewrite(gw: Replicas, config: Mapping[str, Any], index: int = 0) -> str:
+    """``config`` as the file of the gateway (of replica ``index``), its port and admin token kept
+    unless ``config`` sets them; the SHA-256 of the bytes written."""
+    path = gw[index].config_path
     current = tomllib.loads(path.read_text())
     one = copy.deepcopy(dict(config))
     one.setdefault("admin", current["admin"])
@@ -57,8 +57,8 @@ def rewrite(gw: Replicas, config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-async def served_sha(gw: Replicas) -> str | None:
-    _, body = await gw.get(0, "/readyz")
+async def served_sha(gw: Replicas, index: int = 0) -> str | None:
+    _, body = await gw.get(index, "/readyz")
     return body.get("config_sha256") if isinstance(body, dict) else None
 
 
@@ -73,9 +73,9 @@ async def sighup(gw: Replicas, sha256: str) -> None:
     await wait_until(serving, limit_s=10, what=f"the gateway to serve config {sha256[:12]}")
 
 
-async def admin_reload(http: aiohttp.ClientSession, gw: Replicas) -> tuple[int, dict[str, Any]]:
+async def admin_reload(http: aiohttp.ClientSession, gw: Replicas, index: int = 0) -> tuple[int, dict[str, Any]]:
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with http.post(f"{gw.base_url(0)}/admin/reload", headers=headers) as resp:
+    async with http.post(f"{gw.base_url(index)}/admin/reload", headers=headers) as resp:
         return resp.status, await resp.json()
 
 
