@@ -255,6 +255,9 @@ class Reloader:
         if parts.hub is not None and config.aggregate is not None:
             parts.hub.members = frozenset(config.aggregate_members())
             parts.hub.max_streams = config.aggregate.max_listen_streams
+        # Before the next generation: the requests of this one and older ones then store nothing
+        # of the dropped upstreams (fetched the old way), even those that read no entry yet.
+        parts.readthrough.drop(diff.dropped)
         self.live.swap(build_generation(parts, config, sha256, upstreams, previous=old))
         # After the swap: a request that began before it and stores an answer after this purge
         # is refused by the store's purge count (the read-through's Lead.purges). With [cluster],

@@ -21,8 +21,9 @@ from ..cluster.conftest import StartReplicas
 from ..cluster.test_replicas import KEY_PREFIX, Answer, call, cluster_config, count, eventually, lease_holders, purge
 from ..support.fleet import Upstream, fetch_requests
 from ..support.redis import RedisServer
-from ..support.reloading import admin_reload, rewrite
+from ..support.reloading import admin_reload, begun, rewrite
 from ..support.replicas import Replicas
+from ..support.wire import rpc
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -212,3 +213,25 @@ async def answers_until(http: aiohttp.ClientSession, url: str, wanted: Callable[
         return answer.status == 200 and wanted(answer)
 
     await eventually(condition, limit_s=5, what=what, last=lambda: seen)
+
+
+async def test_a_request_begun_on_the_old_file_stores_nothing_a_replica_on_the_new_file_reads(
+    redis_server: RedisServer,
+    start_replicas: StartReplicas,
+    http: aiohttp.ClientSession,
+    counted: tuple[Upstream, Upstream],
+) -> None:
+    up_a, up_b = counted
+    ups = {"a": up_a, "b": up_b}
+    replicas = await start_replicas(config(redis_server, ups), count=2)
+    async with begun(replicas[1].port, "/servers/b/mcp", rpc("tools/list", "old")) as finish:
+        for i in (0, 1):
+            assert (await reload(http, replicas, i, config(redis_server, ups, tag="new")))["changed"] == ["b"]
+        answer = await finish()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert await tags(up_b, "tools/list") == ["old"]  # it went upstream on the file it began with
+    # What it fetched answers no request on the new file: not on another replica (nothing in
+    # Redis), nor here (nothing stored); what the new file fetched is shared as before.
+    await stored(http, redis_server, replicas.url(0, "b"), "tools/list")
+    assert (await call(http, replicas.url(1, "b"))).shared
+    assert await tags(up_b, "tools/list") == ["old", "new"]

@@ -26,7 +26,17 @@ from gateway.reload import ConfigDiff, applicable, diff_configs
 
 from ..support.fleet import REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port
 from ..support.polling import wait_until
-from ..support.reloading import admin_reload, gateway, public, rewrite, served_sha, sighup, steady_load, tools_list
+from ..support.reloading import (
+    admin_reload,
+    begun,
+    gateway,
+    public,
+    rewrite,
+    served_sha,
+    sighup,
+    steady_load,
+    tools_list,
+)
 from ..support.wire import mcp_headers, rpc, sse_events
 
 # -- the diff, in-process ----------------------------------------------------------------------------
@@ -180,6 +190,23 @@ async def test_a_changed_header_makes_the_next_request_a_miss_that_carries_the_n
         after = await tools_list(http, gw.url(0, "a"))
         assert after.status == 200 and not after.cache_hit
         assert (await tools_list(http, gw.url(0, "b"))).cache_hit  # retuned: its entry kept
+    lists = [r for r in await fetch_requests(up_a) if r.json().get("method") == "tools/list"]
+    assert [r.header("X-Fleet-Tag") for r in lists] == ["one", "two"]
+
+
+async def test_a_request_begun_before_a_header_change_stores_nothing_the_new_config_reads(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, _ = counted
+    async with gateway(tmp_path, {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "one"})}}) as gw:
+        async with begun(gw[0].port, "/servers/a/mcp", rpc("tools/list", "old")) as finish:
+            rewrite(gw, {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "two"})}})
+            assert (await admin_reload(http, gw))[1]["changed"] == ["a"]
+            answer = await finish()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        after = await tools_list(http, gw.url(0, "a"))  # its answer, fetched the old way, was not kept
+        assert after.status == 200 and not after.cache_hit
+        assert (await tools_list(http, gw.url(0, "a"))).cache_hit
     lists = [r for r in await fetch_requests(up_a) if r.json().get("method") == "tools/list"]
     assert [r.header("X-Fleet-Tag") for r in lists] == ["one", "two"]
 

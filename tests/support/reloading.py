@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import tomllib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,17 @@ from .replicas import ADMIN_TOKEN, Replicas, dump_toml
 from .reply import Reply
 from .wire import mcp_headers, rpc
 
-__all__ = ["admin_reload", "gateway", "public", "rewrite", "served_sha", "sighup", "steady_load", "tools_list"]
+__all__ = [
+    "admin_reload",
+    "begun",
+    "gateway",
+    "public",
+    "rewrite",
+    "served_sha",
+    "sighup",
+    "steady_load",
+    "tools_list",
+]
 
 
 @contextlib.asynccontextmanager
@@ -115,3 +125,30 @@ async def steady_load(
 
 def public(up: Upstream, **more: Any) -> dict[str, Any]:
     return {"url": up.url, **more}
+
+
+@contextlib.asynccontextmanager
+async def begun(port: int, path: str, message: object) -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
+    """A POST of the JSON-RPC ``message`` (an MCP ``tools/list``'s headers) to ``path`` on
+    127.0.0.1:``port`` whose handler has begun, holding the config served now, and whose body is
+    not sent yet: ``await finish()`` sends it and returns the whole response (at most 10 s)."""
+    body = json.dumps(message).encode()
+    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Length: {len(body)}"]
+    head += [f"{k}: {v}" for k, v in mcp_headers("tools/list").items()]
+    head += ["Expect: 100-continue", "Connection: close"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write("\r\n".join([*head, "", ""]).encode())
+        await writer.drain()
+        # aiohttp answers "100 Continue" once the route is found, just before its handler runs.
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+
+        async def finish() -> bytes:
+            writer.write(body)
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(), timeout=10)
+
+        yield finish
+    finally:
+        writer.close()
