@@ -79,8 +79,11 @@ async def test_an_unchanged_upstream_keeps_its_local_and_shared_entries_when_one
     await stored(http, redis_server, replicas.url(0, "a"), "tools/list")
     assert (await call(http, replicas.url(1, "a"))).shared
 
-    body = await reload(http, replicas, 1, config(redis_server, {"a": up_a, "b": up_b}, tag="new"))
+    new = config(redis_server, {"a": up_a, "b": up_b}, tag="new")
+    new["cluster"]["key_prefix"] = "another-prefix"  # needs a restart: the running one is kept
+    body = await reload(http, replicas, 1, new)
     assert (body["changed"], body["added"], body["removed"]) == (["b"], [], [])
+    assert body["not_applied"] == ["cluster.key_prefix"] and "restart" in body["detail"], body
 
     for i in (1, 0):  # each kept its local entry of a
         again = await call(http, replicas.url(i, "a"))
