@@ -131,8 +131,7 @@ def create_app(
     live = Live(build_generation(parts, config, config_sha256, {}))
     upstreams = live.generation.upstreams  # filled once the client session exists
     proxy = live.proxy
-    refused = "not yet supported with [cluster]; restart" if cluster is not None else None
-    app[RELOADER] = Reloader(parts, live, store, reload_source, refused=refused, group=reload_group)
+    app[RELOADER] = Reloader(parts, live, store, reload_source, group=reload_group)
     app[LIVE] = live
     app[INVALIDATOR] = invalidator
     if cluster is not None:
@@ -392,12 +391,17 @@ async def _reload(request: web.Request) -> web.Response:
     "retuned": [...], "not_applied": [dotted keys]}`` (with ``"detail"`` when keys were not
     applied); 400 and ``{"reloaded": false, "error": <check-config's message>, "config_sha256":
     <the one still served>}`` for an invalid file, which changes nothing; 409 likewise when this
-    process cannot reload (``[cluster]``). In a ``--workers`` group the other workers reload too
-    (:meth:`~gateway.reload.Reloader.reload_group`); the answer is this worker's.
+    process cannot reload. In a ``--workers`` group the other workers reload too
+    (:meth:`~gateway.reload.Reloader.reload_group`); the answer is this worker's. With
+    ``[cluster]``, it answers once the upstreams given a new identity are shared
+    (:meth:`~gateway.reload.Reloader.settled`, at most 2 s).
     """
     if not _is_admin(request, request.app[LIVE].generation.config):
         return error_response(Unauthorized(realm="mcp-gateway-admin"))
-    outcome = request.app[RELOADER].reload_group()
+    reloader = request.app[RELOADER]
+    outcome = reloader.reload_group()
+    if outcome.error is None:
+        await reloader.settled()  # with [cluster]: the changed upstreams shared from the answer on
     return web.json_response(outcome.to_json(), status=outcome.status)
 
 

@@ -16,14 +16,22 @@ and its new settings apply from the next request. ``[auth]``, ``[admin].token``,
 ``/mcp``'s composed answers go when its members or ``[aggregate]`` change).
 ``[listener]``, ``[cluster]`` and ``[registry]``, and adding or removing ``[admin]`` or
 ``[aggregate]``, need a restart: the rest is applied, and the answer and the log line name the keys
-that were not (:attr:`ConfigDiff.not_applied`). A process with ``[cluster]`` refuses every reload
-for now (HTTP 409), saying so.
+that were not (:attr:`ConfigDiff.not_applied`).
 
 In a ``--workers`` group each worker reloads its own copy, reading the file itself: ``SIGHUP`` to
 the parent is passed on to every worker, and ``POST /admin/reload`` on one worker reloads it and
 then has the parent pass ``SIGHUP`` on to the others (:meth:`Reloader.reload_group`,
 ``gateway.cli``). A worker whose reload fails keeps its config; ``mcp_gateway_config_info``
 shows every config some worker serves.
+
+With ``[cluster]``, each replica reloads its own file, whenever it changes there: an upstream's
+shared entries, locks, generations and lease are named by its identity
+(:meth:`~gateway.cluster.mac.Keys.identity`, of the same settings as :func:`answer_settings`), so
+a changed one gets a new identity, whose entries a replica still on the old file never reads,
+nor the other way round; an unchanged one keeps its identity, and shares with every replica, on
+either file. The entries that go, go from this process only (the others may still serve the old
+file), and its lease follows (:meth:`~gateway.cluster.Cluster.reload`, :meth:`Registry.reload
+<gateway.registry.Registry.reload>`).
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ log = logging.getLogger("mcp_gateway.reload")
 RESTART_TABLES: Final = ("listener", "cluster", "registry")
 #: Optional tables whose presence is fixed at start (their routes exist or not); their contents reload.
 FIXED_PRESENCE: Final = ("admin", "aggregate")
+#: With ``[cluster]``, how long ``POST /admin/reload`` waits for new identities to be shared, in seconds.
+SETTLE_S: Final = 2.0
 
 
 def answer_settings(config: GatewayConfig, name: str) -> tuple[object, ...]:
@@ -231,6 +241,13 @@ class Reloader:
             self.group()
         return outcome
 
+    async def settled(self) -> bool:
+        """With ``[cluster]``: wait until the upstreams the last reload gave a new identity are
+        shared (their generations read from Redis), at most :data:`SETTLE_S`; whether they are
+        (else they are shared once Redis answers). Without: ``True`` at once."""
+        cluster = self.parts.cluster
+        return cluster is None or await cluster.generations.settled(SETTLE_S)
+
     def _failed(self, outcome: Reload) -> Reload:
         self.parts.metrics.config_reloads.labels("failed").inc()
         log.error("config reload failed, still serving the config of sha256 %s: %s", outcome.sha256, outcome.error)
@@ -249,25 +266,32 @@ class Reloader:
                 track_upstream(metrics, upstream)
             else:
                 upstreams[name] = before if before.config == up_config else before.retuned(up_config)
+        if parts.cluster is not None:
+            parts.cluster.reload(config)  # identities first: the registry's leases are named by them
         parts.registry.reload(config, upstreams, fresh=diff.fresh)
         if parts.hub is not None and config.aggregate is not None:
             parts.hub.members = frozenset(config.aggregate_members())
             parts.hub.max_streams = config.aggregate.max_listen_streams
+        # Before the next generation: the requests of this one and older ones then store nothing
+        # of the dropped upstreams (fetched the old way), even those that read no entry yet.
+        parts.readthrough.drop(diff.dropped)
         self.live.swap(build_generation(parts, config, sha256, upstreams, previous=old))
         # After the swap: a request that began before it and stores an answer after this purge
-        # is refused by the store's purge count (the read-through's Lead.purges).
+        # is refused by the store's purge count (the read-through's Lead.purges). With [cluster],
+        # here only: the other replicas reload their own file, when it reaches them.
         dropped = set(diff.dropped)
         # Nor may a request made from now on join a fetch begun with the old url or headers.
         parts.readthrough.coalescer.detach(lambda key: key.upstream in dropped)
+        drop = self.store.purge if parts.cluster is not None else parts.invalidator.invalidate_soon
         for name in diff.dropped:
-            parts.invalidator.invalidate_soon(Invalidation(name), "reload")
+            drop(Invalidation(name), "reload")
         running = old.config
         if config.aggregate is not None and (
             running.aggregate != config.aggregate or running.aggregate_members() != config.aggregate_members()
         ):
             # A composed answer stays current while its parts do: one made of fewer members, or
             # under another separator, would.
-            parts.invalidator.invalidate_soon(Invalidation(ROUTE), "reload")
+            drop(Invalidation(ROUTE), "reload")
         if parts.hub is not None:
             members_then = set(running.aggregate_members()) if running.aggregate is not None else set()
             members_now = set(config.aggregate_members()) if config.aggregate is not None else set()

@@ -23,7 +23,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
@@ -214,6 +214,10 @@ class ReadThrough:
         self.refresh_backoff = Backoff()
         #: The refresh-ahead fetches under way (each leads its key).
         self.refreshes = BackgroundTasks(log)
+        #: Per upstream, how many reloads dropped its entries (every generation's read-through
+        #: shares this dict: :meth:`drop`), and the counts when this one's generation was built.
+        self.drops: dict[str, int] = {}
+        self.built_at: dict[str, int] = {}
 
     def retuned(self, config: GatewayConfig) -> ReadThrough:
         """The read-through of a reloaded ``config``: its entry bounds and per-upstream entry
@@ -225,7 +229,20 @@ class ReadThrough:
         twin.entry_options = {
             name: (config.stale_if_error_ms(name), config.refresh_ahead(name)) for name in config.upstreams
         }
+        twin.built_at = dict(self.drops)
         return twin
+
+    def drop(self, upstreams: Iterable[str]) -> None:
+        """A reload drops ``upstreams``' entries (call it before building the next generation):
+        the requests of every generation before stores none of their answers, nor reads theirs
+        from the shared tier (they reach the upstream as the old config did: another ``url``,
+        other ``headers``)."""
+        for name in upstreams:
+            self.drops[name] = self.drops.get(name, 0) + 1
+
+    def current(self, upstream: str) -> bool:
+        """Whether this generation reaches ``upstream`` as the config served now does (:meth:`drop`)."""
+        return self.drops.get(upstream, 0) == self.built_at.get(upstream, 0)
 
     # -- a miss -------------------------------------------------------------------------------
 
@@ -261,7 +278,7 @@ class ReadThrough:
             return await fetch(Lead(self, key, leading=False))  # not storable: this caller's own
         lead = Lead(self, key, leading=True)
         try:
-            if self.shared is not None:
+            if self.shared is not None and (not self.drops or self.current(key.upstream)):
                 started = time.perf_counter()
                 found = await self.shared.lookup(key, timeout_s)
                 lead.waited_s = time.perf_counter() - started
@@ -323,7 +340,8 @@ class ReadThrough:
         upstream = key.upstream
         outcome = store_outcome(status, message, size, self.max_entry_bytes)
         entry: CacheEntry | None = None
-        if outcome is StoreOutcome.STORED and self.store.purges_of(upstream) != purges:
+        current = not self.drops or self.current(upstream)
+        if outcome is StoreOutcome.STORED and (self.store.purges_of(upstream) != purges or not current):
             outcome = StoreOutcome.REFUSED
         elif outcome is StoreOutcome.STORED and self.store.held:
             outcome = StoreOutcome.CLUSTER_READ_ONLY
@@ -332,7 +350,7 @@ class ReadThrough:
             entry = self.build(upstream, message)
             if entry is None or not self.store.put(key, entry):
                 outcome, entry = StoreOutcome.REFUSED, None
-        superseded = entry is None and isinstance(message, dict)
+        superseded = entry is None and isinstance(message, dict) and current  # the old config's word ends nothing
         if superseded:
             self.store.supersede(key)  # an entry kept stale must not outlive this answer
         self.metrics.cache_stores.labels(upstream, method, outcome).inc()
@@ -363,8 +381,8 @@ class ReadThrough:
         with ``fetch`` (the upstream's whole answer), unless a fetch of it is under way (it leads
         the key: a miss meanwhile waits for it) or it is backing off. Returns whether it started.
         Nothing of a refresh reaches a caller but the entry it stores."""
-        if key in self.coalescer:
-            return False  # under way already (every hit until it ends comes here)
+        if key in self.coalescer or (self.drops and not self.current(key.upstream)):
+            return False  # under way already (every hit until it ends comes here), or of an old config
         now = self.clock()
         if self.backoff.waiting(key, now) or self.refresh_backoff.waiting(key, now):
             return False

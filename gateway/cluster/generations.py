@@ -23,11 +23,13 @@ One that comes back is numbered from ``now`` again, which names no entry stored 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from .link import RedisLink
+from .link import RedisLink, Unavailable
 
 __all__ = ["GENERATIONS_TTL_S", "TOUCH_S", "Generations"]
 
@@ -109,6 +111,11 @@ class Generations:
         self.methods = list(methods)
         self.fields = frozenset(self.field(u, m) for u in self.identities for m in self.methods)
         self.values: dict[str, int] = {}
+        #: Upstreams whose generations a reload gave a new identity and Redis has not given yet:
+        #: their entries are not shared until it has (:meth:`sync`).
+        self.unsynced: set[str] = set()
+        self._synced = asyncio.Event()
+        self._synced.set()
         self._sync = link.client.register_script(_SYNC)
         self._bump = link.client.register_script(_BUMP)
         self._ttl_ms = str(GENERATIONS_TTL_S * 1000)
@@ -124,14 +131,34 @@ class Generations:
     def of(self, field: str) -> int:
         return self.values.get(field, 0)
 
-    async def sync(self) -> None:
+    def reidentify(self, identities: Mapping[str, str]) -> list[str]:
+        """Follow a reloaded config (``identities``: upstream name → identity): returns the
+        upstreams whose identity is new, :attr:`unsynced` until :meth:`sync` reads theirs."""
+        fresh = [name for name, identity in identities.items() if self.identities.get(name) != identity]
+        self.identities = dict(identities)
+        self.fields = frozenset(self.field(u, m) for u in self.identities for m in self.methods)
+        self.values = {f: v for f, v in self.values.items() if f in self.fields}
+        self.unsynced = (self.unsynced & set(identities)) | set(fresh)
+        if self.unsynced:
+            self._synced.clear()
+        return fresh
+
+    async def settled(self, timeout_s: float) -> bool:
+        """Wait until no upstream is :attr:`unsynced`, at most ``timeout_s`` seconds; whether none is."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._synced.wait()
+        return not self.unsynced
+
+    async def sync(self, only: Iterable[str] | None = None) -> None:
         """Take Redis's generations into the copy (run while reconnecting, under the feed's own
-        bound); never lowers one (an event read meanwhile may have raised it).
+        bound; ``only``: of these upstreams, else of all); never lowers one (an event read
+        meanwhile may have raised it).
 
         Raises:
             redis.exceptions.RedisError, OSError: Redis failed.
         """
-        upstreams = list(self.identities)
+        upstreams = list(self.identities) if only is None else [u for u in only if u in self.identities]
         if not upstreams:
             return
         raw: Any = await self._sync(keys=[self.name(u) for u in upstreams], args=[self._ttl_ms, *self.methods])
@@ -143,6 +170,19 @@ class Generations:
             log.info("shared tier: generations were gone (Redis restarted empty, flushed, or expired); renumbered")
         fields = [self.field(u, m) for u in upstreams for m in self.methods]
         self.adopt(dict(zip(fields, values, strict=True)))
+        self.unsynced.difference_update(upstreams)
+        if not self.unsynced:
+            self._synced.set()
+
+    async def sync_soon(self, upstreams: list[str], *, retry_s: float = 1.0) -> None:
+        """:meth:`sync` of ``upstreams`` (a reload's new identities), tried every ``retry_s``
+        seconds while Redis does not take it, until they are synced (here or on reconnecting) or gone."""
+        while self.unsynced.intersection(upstreams):
+            try:
+                await self.link.run("generations", lambda: self.sync(self.unsynced.intersection(upstreams)))
+                return
+            except Unavailable:
+                await asyncio.sleep(retry_s)
 
     async def bump(self, upstreams: Iterable[str], methods: Sequence[str], *, force: bool = False) -> dict[str, int]:
         """Raise ``methods`` of ``upstreams`` in Redis and in the copy; returns their new values

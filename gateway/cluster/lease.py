@@ -8,12 +8,16 @@ upstream each probe it their own way) with an expiry of
 often. A dead holder's lease expires, so a survivor holds it within ``LEASE_TTL_S + RENEW_S``
 (13 s). A lease key without expiry was written over: it is removed. While Redis is down, every
 process holds every lease itself (each upstream is then probed by every replica, as without
-``[cluster]``); when Redis returns, one keeps each lease and the others let go.
+``[cluster]``); when Redis returns, one keeps each lease and the others let go. A reload changes
+the jobs (:meth:`Leases.update`): the lease of a job gone, or renamed (another identity), is
+given up in the next round, which starts at once, so that another replica on the old config
+takes it over within ``RENEW_S`` rather than after its expiry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
@@ -56,17 +60,39 @@ class Leases:
         self.renew_s = renew_s
         self._on_change = on_change
         self._held_in_redis = held_in_redis
-        self._names = {job: link.key("lease", (names or {}).get(job, job)) for job in jobs}
-        self._locks = {
-            job: Lock(link.client, name, timeout=ttl_s, blocking=False, thread_local=False)
-            for job, name in self._names.items()
-        }
+        self.ttl_s = ttl_s
+        self._names: dict[str, str] = {}
+        self._locks: dict[str, Lock] = {}
         #: Whether this process does each job now.
-        self.doing: dict[str, bool] = dict.fromkeys(self._locks, False)
-        self._owned: dict[str, bool] = dict.fromkeys(self._locks, False)
-        if held_in_redis is not None:
-            for job in self._locks:
-                held_in_redis(job, False)  # every series there from the start
+        self.doing: dict[str, bool] = {}
+        self._owned: dict[str, bool] = {}
+        #: Leases of jobs gone (:meth:`update`) that this process may hold: given up next round.
+        self._retired: list[Lock] = []
+        self._wake = asyncio.Event()
+        self.update({job: (names or {}).get(job, job) for job in jobs})
+
+    def update(self, names: Mapping[str, str]) -> None:
+        """Do the jobs of ``names`` (job → its name in Redis) from now on: a job gone, or under
+        another name (an upstream whose identity a reload changed), stops being done here and
+        its lease is given up in the next round, which starts at once; a new one is tried then.
+        ``on_change`` is not called for the jobs that go: their owner stopped them already."""
+        for job in list(self._locks):
+            if job not in names or self._names[job] != self.link.key("lease", names[job]):
+                if self._owned[job]:
+                    self._retired.append(self._locks[job])
+                for table in (self._names, self._locks, self.doing, self._owned):
+                    del table[job]
+        for job, name in names.items():
+            if job in self._locks:
+                continue
+            self._names[job] = self.link.key("lease", name)
+            self._locks[job] = Lock(
+                self.link.client, self._names[job], timeout=self.ttl_s, blocking=False, thread_local=False
+            )
+            self.doing[job] = self._owned[job] = False
+            if self._held_in_redis is not None:
+                self._held_in_redis(job, False)  # every series there from the start
+        self._wake.set()
 
     async def run(self) -> None:
         """Take, renew and give up leases until cancelled."""
@@ -77,9 +103,15 @@ class Leases:
         except TimeoutError:
             pass
         while True:
-            for job in self._locks:
-                await self.step(job)
-            await asyncio.sleep(self.renew_s)
+            self._wake.clear()
+            while self._retired:
+                await self._give_up(self._retired.pop())
+            for job in list(self._locks):
+                if job in self._locks:  # not gone meanwhile
+                    await self.step(job)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.renew_s):
+                    await self._wake.wait()
 
     async def step(self, job: str) -> None:
         """One round for ``job``: renew or try to take its lease (or, Redis down, do it anyway)."""
@@ -97,16 +129,28 @@ class Leases:
                     owned = False
             else:
                 owned = await self.link.run("lease", lock.acquire)
-                if not owned:
+                if not owned and self._locks.get(job) is lock:
                     await self._clear_if_written_over(job)
         except Unavailable:
             # Unknown for now: keep doing what this process did until the feed decides.
             return
+        if self._locks.get(job) is not lock:  # gone while Redis answered (update)
+            if owned:
+                self._retired.append(lock)
+            return
         self._own(job, owned)
         self._do(job, owned)
 
+    async def _give_up(self, lock: Lock) -> None:
+        try:
+            await self.link.run("lease", lock.release)
+        except (Unavailable, LockError):
+            pass  # not ours any more, or Redis is away: it expires within ttl_s
+
     async def release_all(self) -> None:
         """Give up every lease held (on shutdown: another replica takes over at once)."""
+        while self._retired:
+            await self._give_up(self._retired.pop())
         for job, lock in self._locks.items():
             if self._owned[job]:
                 try:

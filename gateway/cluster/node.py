@@ -172,6 +172,19 @@ class Cluster:
             except (TimeoutError, OSError, RedisError) as exc:
                 log.warning("shared tier: closing its %s at shutdown: %s", what, type(exc).__name__)
 
+    def reload(self, config: GatewayConfig) -> None:
+        """Serve ``config``'s upstreams (:mod:`gateway.reload`; its ``[cluster]`` is the running
+        one): each keeps its identity, or gets a new one (added, or an answer-changing setting
+        changed), shared once its generations are read from Redis (in the background, or on
+        reconnecting); a removed one is shared no more."""
+        identities = self.keys.identities(config)
+        self.identities.clear()  # in place: the registry's mirror and the URI index read this dict
+        self.identities.update(identities)
+        self.config = config
+        self.max_ttl_ms, self.max_entry_bytes = config.cache.max_ttl_ms, config.cache.max_entry_bytes
+        if fresh := self.generations.reidentify(identities):
+            self.tasks.spawn(self.generations.sync_soon(fresh), name="cluster:sync")
+
     async def _touch_loop(self) -> None:
         """Keep this process's generations hashes from expiring while it uses them."""
         while True:
@@ -200,6 +213,8 @@ class Cluster:
         an invalidation of them has not got through (:mod:`gateway.cluster.outbox`)."""
         if key.authorization is not None or key.upstream not in self.identities:
             return False
+        if (unsynced := self.generations.unsynced) and key.upstream in unsynced:
+            return False  # a reload gave it a new identity whose generations are not read yet
         fenced = self.outbox.fenced
         return not fenced or self._field(key.upstream, key.method) not in fenced
 

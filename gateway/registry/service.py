@@ -92,7 +92,7 @@ class Registry:
             return
         self.state.observe(upstream, version)
         mirror = self.mirror
-        if mirror is not None and version in state.observed and self.leases and not self.leases.doing[upstream]:
+        if mirror is not None and version in state.observed and self.leases and not self.leases.doing.get(upstream):
             self.tasks.spawn(self._post_observed(mirror, upstream, version), name=f"observed:{upstream}")
 
     async def _post_observed(self, mirror: RegistryMirror, upstream: str, version: str) -> None:
@@ -130,8 +130,10 @@ class Registry:
         whose answers may differ now) start over, probed at once; the others keep their state,
         probe schedule and listen stream, on their new client (another timeout, say). The state
         is a new :class:`RegistryState` (the requests begun before keep the old one), sharing
-        the kept upstreams' states. Not with a cluster (:mod:`gateway.reload` refuses it)."""
-        assert self.cluster is None
+        the kept upstreams' states. With a cluster (its identities reloaded first:
+        :meth:`Cluster.reload <gateway.cluster.Cluster.reload>`), the leases follow: an added or
+        changed upstream's jobs start once this process takes its lease (tried at once), a gone
+        one's lease is given up."""
         previous = self.state.upstreams
         state = RegistryState(())
         state.upstreams = {
@@ -143,13 +145,18 @@ class Registry:
                 self._stop_jobs(name)
                 self._forget(name)
         self.state = state
+        if self.mirror is not None:
+            self.mirror.state = state
         self.config = config
         self._upstreams = upstreams
         if self.settings is None:
             return
+        if self.leases is not None and self.cluster is not None:
+            self.leases.update({name: f"{name}:{self.cluster.identities[name]}" for name in upstreams})
         for name, upstream in upstreams.items():
             if name not in self._jobs:
-                self._start_jobs(name)
+                if self.leases is None:  # with leases: once this process holds the lease
+                    self._start_jobs(name)
                 continue
             self.probers[name].upstream = upstream
             if (stream := self.listen_streams.get(name)) is not None:
@@ -165,6 +172,9 @@ class Registry:
         """``name``'s series leave the metrics: an alert on a gone upstream must not fire."""
         with contextlib.suppress(KeyError):
             self.metrics.upstream_up.remove(name)
+        if self.cluster is not None:
+            with contextlib.suppress(KeyError):
+                self.metrics.cluster_leases.remove(name)
         for version in self._versions_labelled.pop(name, set()):
             with contextlib.suppress(KeyError):
                 self.metrics.upstream_supported_version.remove(name, version)
@@ -204,7 +214,9 @@ class Registry:
         copy the others'."""
         assert self.mirror is not None and self.leases is not None
         while True:
-            for name in self.state.upstreams:
+            for name in list(self.state.upstreams):
+                if name not in self.state.upstreams or name not in self.leases.doing:
+                    continue  # gone in a reload meanwhile
                 try:
                     if self.leases.doing[name]:
                         if self.cluster is not None and self.cluster.up:

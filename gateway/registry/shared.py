@@ -63,7 +63,7 @@ class RegistryMirror:
             Unavailable: Redis is down or failed.
         """
         state = self.state.upstreams[name]
-        mailbox = self._key("observed", name)
+        mailbox, key = self._key("observed", name), self._key("registry", name)
 
         async def take() -> list[Any]:
             async with self.link.client.pipeline(transaction=True) as pipe:
@@ -72,14 +72,15 @@ class RegistryMirror:
                 members, _ = await pipe.execute()
             return list(members)
 
-        for raw in await self.link.run("registry", take):
+        taken = await self.link.run("registry", take)
+        if self.state.upstreams.get(name) is not state:
+            return  # a reload started it over meanwhile: not this state's key any more
+        for raw in taken:
             if isinstance(raw, bytes):
                 self.state.observe(name, raw.decode("utf-8", "replace"))
         data = dumps(_STATE.dump_python(state, mode="json"))
         value = self.keys.mac(data, "state") + data
-        await self.link.run(
-            "registry", lambda: self.link.client.set(self._key("registry", name), value, px=int(STATE_TTL_S * 1000))
-        )
+        await self.link.run("registry", lambda: self.link.client.set(key, value, px=int(STATE_TTL_S * 1000)))
 
     async def load(self, name: str) -> bool:
         """Copy ``name``'s shared state into this process (not the holder); whether there was a
@@ -88,9 +89,11 @@ class RegistryMirror:
         Raises:
             Unavailable: Redis is down or failed.
         """
-        raw = await self.link.run("registry", lambda: self.link.client.get(self._key("registry", name)))
-        if raw is None:
-            return False
+        mine = self.state.upstreams[name]
+        key = self._key("registry", name)
+        raw = await self.link.run("registry", lambda: self.link.client.get(key))
+        if raw is None or self.state.upstreams.get(name) is not mine:
+            return False  # none, or a reload started it over meanwhile (another identity's key)
         mac, data = (raw[:MAC_BYTES], raw[MAC_BYTES:]) if isinstance(raw, bytes) else (b"", b"")
         if not self.keys.verify(data, mac, "state"):
             self.link.metrics.cluster_errors.labels("forged_registry").inc()
@@ -104,7 +107,6 @@ class RegistryMirror:
             return False
         if shared.name != name or len(shared.observed) > MAX_VERSIONS or len(shared.advertised) > MAX_VERSIONS:
             return False
-        mine = self.state.upstreams[name]
         for f in dataclasses.fields(UpstreamState):
             setattr(mine, f.name, getattr(shared, f.name))
         return True

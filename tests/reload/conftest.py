@@ -1,4 +1,5 @@
-"""What the reload tests share: two real SDK upstreams (``public_upstream``) for each module."""
+"""What the reload tests share: two real SDK upstreams (``public_upstream``) for each module, and
+the cluster tests' real Redis (``redis_server``) and replicas (``start_replicas``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from ..cluster.conftest import redis_server, start_replicas
 from ..support.fleet import Upstream, reset_counts, run_server
+
+__all__ = ["counted", "redis_server", "start_replicas", "up_a", "up_b"]
 
 
 @pytest.fixture(scope="module")

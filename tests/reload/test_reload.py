@@ -21,14 +21,22 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.app import METRICS, RELOADER, create_app
-from gateway.config import ConfigError, parse_config, read_config
+from gateway.config import ConfigError, parse_config
 from gateway.reload import ConfigDiff, applicable, diff_configs
 
 from ..support.fleet import REPO_ROOT, Upstream, fetch_counts, fetch_requests, free_port
 from ..support.polling import wait_until
-from ..support.reloading import admin_reload, gateway, public, rewrite, served_sha, sighup, steady_load, tools_list
-from ..support.replicas import dump_toml
+from ..support.reloading import (
+    admin_reload,
+    begun,
+    gateway,
+    public,
+    rewrite,
+    served_sha,
+    sighup,
+    steady_load,
+    tools_list,
+)
 from ..support.wire import mcp_headers, rpc, sse_events
 
 # -- the diff, in-process ----------------------------------------------------------------------------
@@ -186,6 +194,23 @@ async def test_a_changed_header_makes_the_next_request_a_miss_that_carries_the_n
     assert [r.header("X-Fleet-Tag") for r in lists] == ["one", "two"]
 
 
+async def test_a_request_begun_before_a_header_change_stores_nothing_the_new_config_reads(
+    tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
+) -> None:
+    up_a, _ = counted
+    async with gateway(tmp_path, {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "one"})}}) as gw:
+        async with begun(gw[0].port, "/servers/a/mcp", rpc("tools/list", "old")) as finish:
+            rewrite(gw, {"upstreams": {"a": public(up_a, headers={"X-Fleet-Tag": "two"})}})
+            assert (await admin_reload(http, gw))[1]["changed"] == ["a"]
+            answer = await finish()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        after = await tools_list(http, gw.url(0, "a"))  # its answer, fetched the old way, was not kept
+        assert after.status == 200 and not after.cache_hit
+        assert (await tools_list(http, gw.url(0, "a"))).cache_hit
+    lists = [r for r in await fetch_requests(up_a) if r.json().get("method") == "tools/list"]
+    assert [r.header("X-Fleet-Tag") for r in lists] == ["one", "two"]
+
+
 async def test_a_secret_file_is_read_again_at_each_reload(
     tmp_path: Path, http: aiohttp.ClientSession, counted: tuple[Upstream, Upstream]
 ) -> None:
@@ -333,18 +358,3 @@ async def test_a_listener_change_is_named_as_not_applied_and_the_rest_applies(
         assert "listener.port" in body["detail"] and "restart" in body["detail"]
         assert (await tools_list(http, gw.url(0, "b"))).status == 200  # on the port it listens on
         assert "not applied, a restart needed: listener.port, listener.max_body_bytes" in gw.log(0)
-
-
-def test_a_gateway_with_cluster_refuses_to_reload_and_says_why(tmp_path: Path) -> None:
-    path = tmp_path / "gw.toml"
-    path.write_text(
-        dump_toml(
-            {"cluster": {"redis_url": "redis://127.0.0.1:1/0"}, "upstreams": {"a": {"url": "http://127.0.0.1:1/mcp"}}}
-        )
-    )
-    loaded = read_config(path)
-    app = create_app(loaded.config, config_sha256=loaded.sha256, reload_source=lambda: read_config(path))
-    outcome = app[RELOADER].reload()
-    assert (outcome.status, outcome.sha256) == (409, loaded.sha256)
-    assert outcome.error is not None and "[cluster]" in outcome.error and "restart" in outcome.error
-    assert app[METRICS].config_reloads.labels("failed")._value.get() == 1

@@ -18,7 +18,7 @@ import json
 import os
 import signal
 import tomllib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,17 @@ from .replicas import ADMIN_TOKEN, Replicas, dump_toml
 from .reply import Reply
 from .wire import mcp_headers, rpc
 
-__all__ = ["admin_reload", "gateway", "public", "rewrite", "served_sha", "sighup", "steady_load", "tools_list"]
+__all__ = [
+    "admin_reload",
+    "begun",
+    "gateway",
+    "public",
+    "rewrite",
+    "served_sha",
+    "sighup",
+    "steady_load",
+    "tools_list",
+]
 
 
 @contextlib.asynccontextmanager
@@ -44,10 +54,10 @@ async def gateway(tmp_path: Path, config: Mapping[str, Any]) -> AsyncIterator[Re
         await gw.close()
 
 
-def rewrite(gw: Replicas, config: Mapping[str, Any]) -> str:
-    """``config`` as the gateway's file (its port and admin token kept unless ``config`` sets them);
-    the SHA-256 of the bytes written."""
-    path = gw[0].config_path
+def rewrite(gw: Replicas, config: Mapping[str, Any], index: int = 0) -> str:
+    """``config`` as the file of the gateway (of replica ``index``), its port and admin token kept
+    unless ``config`` sets them; the SHA-256 of the bytes written."""
+    path = gw[index].config_path
     current = tomllib.loads(path.read_text())
     one = copy.deepcopy(dict(config))
     one.setdefault("admin", current["admin"])
@@ -57,8 +67,8 @@ def rewrite(gw: Replicas, config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-async def served_sha(gw: Replicas) -> str | None:
-    _, body = await gw.get(0, "/readyz")
+async def served_sha(gw: Replicas, index: int = 0) -> str | None:
+    _, body = await gw.get(index, "/readyz")
     return body.get("config_sha256") if isinstance(body, dict) else None
 
 
@@ -73,9 +83,9 @@ async def sighup(gw: Replicas, sha256: str) -> None:
     await wait_until(serving, limit_s=10, what=f"the gateway to serve config {sha256[:12]}")
 
 
-async def admin_reload(http: aiohttp.ClientSession, gw: Replicas) -> tuple[int, dict[str, Any]]:
+async def admin_reload(http: aiohttp.ClientSession, gw: Replicas, index: int = 0) -> tuple[int, dict[str, Any]]:
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with http.post(f"{gw.base_url(0)}/admin/reload", headers=headers) as resp:
+    async with http.post(f"{gw.base_url(index)}/admin/reload", headers=headers) as resp:
         return resp.status, await resp.json()
 
 
@@ -115,3 +125,30 @@ async def steady_load(
 
 def public(up: Upstream, **more: Any) -> dict[str, Any]:
     return {"url": up.url, **more}
+
+
+@contextlib.asynccontextmanager
+async def begun(port: int, path: str, message: object) -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
+    """A POST of the JSON-RPC ``message`` (an MCP ``tools/list``'s headers) to ``path`` on
+    127.0.0.1:``port`` whose handler has begun, holding the config served now, and whose body is
+    not sent yet: ``await finish()`` sends it and returns the whole response (at most 10 s)."""
+    body = json.dumps(message).encode()
+    head = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Length: {len(body)}"]
+    head += [f"{k}: {v}" for k, v in mcp_headers("tools/list").items()]
+    head += ["Expect: 100-continue", "Connection: close"]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write("\r\n".join([*head, "", ""]).encode())
+        await writer.drain()
+        # aiohttp answers "100 Continue" once the route is found, just before its handler runs.
+        interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+
+        async def finish() -> bytes:
+            writer.write(body)
+            await writer.drain()
+            return await asyncio.wait_for(reader.read(), timeout=10)
+
+        yield finish
+    finally:
+        writer.close()
