@@ -174,12 +174,14 @@ async def test_callers_that_never_read_a_large_hit_pin_no_copy_of_it_and_are_dro
     dropped = await gw.metric(0, "mcp_gateway_listener_callers_dropped_total", reason="write_timeout")
     assert dropped == NON_READERS
     requests = await gw.metrics(0)
-    assert (
-        requests.get(
-            ("mcp_gateway_requests_total", (("method", "resources/read"), ("status", "499"), ("upstream", "big")))
-        )
-        == NON_READERS
-    ), gw.logs()
+
+    def answered(status: str) -> float:
+        labels = (("method", "resources/read"), ("status", status), ("upstream", "big"))
+        return requests.get(("mcp_gateway_requests_total", labels), 0.0)
+
+    # Every non-reader is a 499. The two warm-up reads are 200s, but for the race the docs name
+    # (routes.md, "Slow callers"): a caller that hangs up as the last bytes go out may be a 499.
+    assert answered("499") >= NON_READERS and answered("200") + answered("499") == NON_READERS + 2, gw.logs()
 
 
 WRITE_TIMEOUT_S_SLOW = 1.0
