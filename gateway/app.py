@@ -108,6 +108,7 @@ def create_app(
         keep_stale=any(config.stale_if_error_ms(name) > 0 for name in config.upstreams),
     )
     metrics.track_store(store)
+    metrics.serving(config.upstreams)
     cluster = Cluster(config, store, metrics, clock=clock) if config.cluster is not None else None
     # What other workers of this group send is applied here; the store tells the hub.
     bus = WorkerBus(worker_bus, store.purge) if worker_bus else None

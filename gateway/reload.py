@@ -298,6 +298,7 @@ class Reloader:
             if members_then != members_now or dropped & (members_then | members_now):
                 # /mcp's lists changed: its listening clients are told (the hub knows only the new members).
                 parts.hub.purged(lambda _key: True, "reload")
+        metrics.serving(config.upstreams)  # in a group, a removed upstream's gauges leave the scrape
         for name in diff.removed:
             metrics.untrack_inflight(name)
         cache = config.cache

@@ -23,6 +23,7 @@ import watchfiles
 from aiohttp import web
 
 from .config import secret_files
+from .config.load import MAX_CONFIG_BYTES, MAX_SECRET_BYTES, read_regular
 
 __all__ = ["DEBOUNCE_MS", "ConfigWatch", "reloading_on_change"]
 
@@ -35,13 +36,16 @@ DEBOUNCE_MS: Final = 500
 
 
 def _digest(paths: tuple[Path, ...]) -> tuple[str | None, ...]:
-    """The SHA-256 of each file's bytes (symlinks followed), ``None`` for one that cannot be read."""
+    """The SHA-256 of each file's bytes (symlinks followed), ``None`` for one that cannot be read
+    as a reload reads it (a regular file within its bound: a FIFO would hold the watch for good)."""
     out: list[str | None] = []
-    for path in paths:
+    for i, path in enumerate(paths):
         try:
-            out.append(hashlib.sha256(path.read_bytes()).hexdigest())
+            data = read_regular(path, MAX_CONFIG_BYTES if i == 0 else MAX_SECRET_BYTES)
         except OSError:
             out.append(None)
+        else:
+            out.append(hashlib.sha256(data).hexdigest())
     return tuple(out)
 
 
@@ -100,13 +104,14 @@ class ConfigWatch:
             raise_interrupt=False,
         ):
             files, seen = self._read()
-            if seen == self._seen:
-                continue
-            self._seen = seen
-            log.info("config changed on disk: reloading")
-            self._on_change()
-            if files != self._files:  # other secrets: other directories, maybe
-                self._files = files
+            if seen != self._seen:
+                self._seen = seen
+                log.info("config changed on disk: reloading")
+                self._on_change()
+            # Other secrets, or a symlink pointed into another directory: watch those instead.
+            moved = files != self._files
+            self._files = files
+            if moved or self._directories() != dirs:
                 return
 
 

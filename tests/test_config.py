@@ -77,6 +77,20 @@ def test_missing_secret_file_is_a_load_error_naming_the_key(tmp_path: Path) -> N
         load_config(path, env={})
 
 
+@pytest.mark.parametrize(
+    ("headers", "problem"),
+    [
+        ({"X-Tag": "a\nb"}, "control characters: X-Tag"),
+        ({"X-Tag": "a\x00b"}, "control characters: X-Tag"),
+        ({"X Tag:": "v"}, "must be tokens"),
+    ],
+)
+def test_a_header_that_could_never_be_sent_is_a_load_error(headers: dict[str, str], problem: str) -> None:
+    # Accepted, it was a 500 on every request to the upstream (a bad secret rotation: an outage).
+    with pytest.raises(ConfigError, match=rf"upstreams\.a\.headers: header .*{problem}"):
+        parse_config({"upstreams": {"a": {"url": "http://127.0.0.1:1/mcp", "headers": headers}}})
+
+
 def test_a_secret_that_is_a_fifo_is_refused_at_once_never_waited_for(tmp_path: Path) -> None:
     # Opening a FIFO to read waits for a writer: a reload reads on the event loop.
     os.mkfifo(tmp_path / "token.fifo")
@@ -212,8 +226,8 @@ def test_a_line_is_given_only_where_it_is_certain(tmp_path: Path) -> None:
         "listener = { prot = 1 }\n"
         "[upstreams.a]\n"
         'url = "http://127.0.0.1:1/mcp"\n'
-        "[upstreams.a.headers]\n"
-        'X-Note = """\n'
+        "[admin]\n"
+        'token = """\n'
         "[cache]\n"
         "max_ttl_msec = 2\n"
         '"""\n'

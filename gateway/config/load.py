@@ -55,7 +55,7 @@ MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
 MAX_SECRET_BYTES: Final = 64 * 1024
 
 
-def _read_regular(file: Path, limit: int) -> bytes:
+def read_regular(file: Path, limit: int) -> bytes:
     """The bytes of ``file``, a regular file of at most ``limit`` bytes: never a FIFO or a device,
     whose read could wait forever (the reload reads on the event loop).
 
@@ -83,7 +83,7 @@ def _read_secret(spec: str, path: str, base: Path) -> str:
     """
     file = base / spec.strip()
     try:
-        text = _read_regular(file, MAX_SECRET_BYTES).decode("utf-8")
+        text = read_regular(file, MAX_SECRET_BYTES).decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read secret file {str(file)!r}: {exc.strerror}") from exc
     except UnicodeDecodeError as exc:
@@ -265,7 +265,7 @@ def read_config(path: str | Path, env: Mapping[str, str] | None = None) -> Loade
             of it (``gw.toml: line 3: cache.max_ttl_msec: unknown key (did you mean `max_ttl_ms`?)``).
     """
     try:
-        raw = _read_regular(Path(path), MAX_CONFIG_BYTES)
+        raw = read_regular(Path(path), MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
@@ -285,7 +285,7 @@ def secret_files(path: str | Path) -> tuple[Path, ...]:
     its directory, as :func:`read_config` reads them), in order, each once; none when ``path``
     cannot be read (what ``serve --watch`` watches besides ``path``)."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = read_regular(Path(path), MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return ()
     base = Path(path).parent

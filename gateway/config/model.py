@@ -25,6 +25,9 @@ __all__ = [
     "UpstreamConfig",
 ]
 
+#: An HTTP header name (RFC 9110, 5.6.2 token), and what a header value may not hold (5.5).
+_TOKEN: Final = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 8080
 DEFAULT_MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -179,6 +182,15 @@ class UpstreamConfig(_Model):
         bad = sorted(k for k in value if k.lower() in banned)
         if bad:
             raise ValueError(f"headers may not set {', '.join(bad)}")
+        # What could never be sent (RFC 9110, 5.1 and 5.5: a name is a token; a value has no
+        # CR, LF, NUL or other control character but tab), a ${file:} secret's included: a load
+        # error now, not a 500 on every request to the upstream.
+        names = sorted(k for k in value if not _TOKEN.fullmatch(k))
+        if names:
+            raise ValueError(f"header names must be tokens: {', '.join(map(repr, names))}")
+        values = sorted(k for k, v in value.items() if _CONTROL.search(v))
+        if values:
+            raise ValueError(f"header values may not hold control characters: {', '.join(values)}")
         return dict(value)
 
 

@@ -38,7 +38,7 @@ import glob
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -169,18 +169,33 @@ class MultiProcessRegistry(CollectorRegistry):
 
 class GroupCollector:
     """Every metric of a process group, read from the multiprocess files under ``path`` after
-    ``before()`` has written this process's pending values; families named in ``hidden`` left out."""
+    ``before()`` has written this process's pending values; families named in ``hidden`` left out,
+    and of the families in ``per_upstream`` the series of upstreams not in ``served()`` (the names
+    the config serves now; ``None``: every one)."""
 
-    def __init__(self, path: str, before: Callable[[], None], hidden: Iterable[str]) -> None:
+    def __init__(
+        self,
+        path: str,
+        before: Callable[[], None],
+        hidden: Iterable[str],
+        per_upstream: Iterable[str] = (),
+        served: Callable[[], Collection[str] | None] = lambda: None,
+    ) -> None:
         self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]
         self._before = before
         self._hidden = frozenset(hidden)
+        self._per_upstream = frozenset(per_upstream)
+        self._served = served
 
     def collect(self) -> Iterator[Metric]:
         self._before()
+        served = self._served()
         for metric in self._files.collect():  # type: ignore[no-untyped-call]
-            if metric.name not in self._hidden:
-                yield metric
+            if metric.name in self._hidden:
+                continue
+            if served is not None and metric.name in self._per_upstream:
+                metric.samples = [s for s in metric.samples if s.labels.get("upstream") in served]
+            yield metric
 
 
 class ZeroOnRemoveGauge(Gauge):

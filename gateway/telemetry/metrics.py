@@ -21,7 +21,7 @@ import logging
 import operator
 import time
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -264,6 +264,8 @@ class GatewayMetrics:
         ns = "mcp_gateway"
         group = registry if isinstance(registry, MultiProcessRegistry) else None
         self._group = group
+        #: The upstreams the config names (:meth:`serving`); ``None`` until it is told.
+        self.upstreams: frozenset[str] | None = None
         # In a group the metrics register nowhere: every worker's values are read from the files.
         own = registry if group is None else None
         #: (gauge, read) of the gauges read from this process's state (track_inflight, track_store).
@@ -407,7 +409,12 @@ class GatewayMetrics:
             # A labelless gauge has a value in the files from its creation: cluster_up would
             # read 0 without [cluster].
             hidden = () if cluster else (f"{ns}_cluster_up", f"{ns}_cluster_invalidations_pending")
-            group.register(GroupCollector(group.path, self._before_group_collect, hidden))
+            # The files cannot drop a series: an upstream a reload removed would read on (up 0,
+            # firing MCPGatewayUpstreamDown for good). Its gauges are left out of a scrape instead.
+            per_upstream = {f"{ns}_{name}" for name in ("upstream_up", "inflight_requests", "cluster_leases_held")}
+            group.register(
+                GroupCollector(group.path, self._before_group_collect, hidden, per_upstream, lambda: self.upstreams)
+            )
 
     def evicted(self, reason: str, count: int) -> None:
         """Count ``count`` evictions for ``reason``."""
@@ -423,6 +430,11 @@ class GatewayMetrics:
         """``inflight_requests{upstream}`` of a removed upstream leaves the metrics."""
         with contextlib.suppress(KeyError):
             self.inflight.remove(upstream)
+
+    def serving(self, upstreams: Iterable[str]) -> None:
+        """The upstreams the config served now names (at start and at each reload): in a group,
+        the per-upstream gauges of no other upstream are exported."""
+        self.upstreams = frozenset(upstreams)
 
     def serve_config(self, previous: str | None, sha256: str | None) -> None:
         """``config_info{sha256}`` is 1 for ``sha256`` only (``None``: not read from a file)."""

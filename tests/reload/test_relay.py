@@ -135,3 +135,29 @@ async def test_an_invalid_file_is_a_400_and_every_worker_keeps_serving_the_old_c
         samples = await gw.metrics(0)
         assert reloads(samples, "ok") == 0 and config_info(samples) == {old: 1.0}
         await served_by_both_workers(gw, "a", up_a, limit_s=10)  # both still serve a
+
+
+async def test_a_removed_upstreams_gauges_leave_the_groups_scrape(
+    tmp_path: Path, counted: tuple[Upstream, Upstream]
+) -> None:
+    # The multiprocess files cannot drop a series: without care, a removed upstream's gauges
+    # (its in-flight count, its health: MCPGatewayUpstreamDown) would read on until a restart.
+    up_a, up_b = counted
+    quiet = {"registry": {"enabled": False}}
+    async with group(tmp_path, {**quiet, "upstreams": {"a": public(up_a), "b": public(up_b)}}) as gw:
+
+        def gauged(samples: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]) -> set[str]:
+            inflight = "mcp_gateway_inflight_requests"
+            return {dict(labels)["upstream"] for (name, labels), _ in samples.items() if name == inflight}
+
+        assert gauged(await gw.metrics(0)) == {"a", "b"}
+        rewrite(gw, {**quiet, "upstreams": {"a": public(up_a)}})
+        assert gw[0].process is not None
+        os.kill(gw[0].process.pid, signal.SIGHUP)
+
+        async def reloaded() -> bool:
+            return reloads(await gw.metrics(0), "ok") == 2
+
+        await wait_until(reloaded, limit_s=RELOADED_WITHIN_S, what="one reload in each worker")
+        for _ in range(6):  # a scrape reaches either worker
+            assert gauged(await gw.metrics(0)) == {"a"}
