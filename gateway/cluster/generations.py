@@ -166,7 +166,8 @@ class Generations:
         if unreadable:
             log.warning("shared tier: %d generations in Redis were not numbers; renumbered", unreadable)
             self.link.metrics.cluster_errors.labels("corrupt_generations").inc()
-        elif missing and self.values:
+        elif missing and self.values and not self.unsynced.issuperset(upstreams):
+            # (A reload's new identities have no hash yet: that is no loss.)
             log.info("shared tier: generations were gone (Redis restarted empty, flushed, or expired); renumbered")
         fields = [self.field(u, m) for u in upstreams for m in self.methods]
         self.adopt(dict(zip(fields, values, strict=True)))
