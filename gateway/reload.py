@@ -295,8 +295,9 @@ class Reloader:
         if parts.hub is not None:
             members_then = set(running.aggregate_members()) if running.aggregate is not None else set()
             members_now = set(config.aggregate_members()) if config.aggregate is not None else set()
-            if members_then != members_now or dropped & (members_then | members_now):
-                # /mcp's lists changed: its listening clients are told (the hub knows only the new members).
+            if members_then != members_now:
+                # /mcp's lists changed: its listening clients are told. (A changed member is told
+                # of by its own drop above; a removed one is no member of the hub's any more.)
                 parts.hub.purged(lambda _key: True, "reload")
         metrics.serving(config.upstreams)  # in a group, a removed upstream's gauges leave the scrape
         for name in diff.removed:

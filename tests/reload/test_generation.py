@@ -23,6 +23,8 @@ from aiohttp.test_utils import TestServer
 from gateway.app import METRICS, REGISTRY, RELOADER, create_app
 from gateway.config import read_config
 
+from ..aggregate.conftest import body_of
+from ..aggregate.test_listen import Listening
 from ..support import StartUpstream
 from ..support.fleet import HOST, Upstream, fetch_counts
 from ..support.polling import wait_until
@@ -179,3 +181,28 @@ async def test_a_request_after_a_reload_that_changed_its_upstream_never_waits_fo
 
 async def _true(value: bool) -> bool:
     return value
+
+
+@pytest.mark.parametrize("change", ["removed", "changed"])
+async def test_mcps_listening_clients_are_told_when_a_reload_removes_a_member_or_changes_what_it_answers(
+    tmp_path: Path, serve: Any, counted: tuple[Upstream, Upstream], change: str
+) -> None:
+    up_a, up_b = counted
+    config: dict[str, Any] = {"aggregate": {}, "upstreams": {"a": public(up_a), "b": public(up_b)}}
+    gw = await serve(config)
+    await wait_until(lambda: gw.app[REGISTRY].ready, what="every upstream probed once")
+    b_now = {} if change == "removed" else {"b": public(up_b, headers={"X-T": "2"})}
+    upstreams = {"a": public(up_a), **b_now}
+    body = json.dumps(body_of("subscriptions/listen", {"notifications": {"toolsListChanged": True}}, id="l")).encode()
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(f"{gw.base}/mcp", data=body, headers=mcp_headers("subscriptions/listen"))
+        try:
+            stream = Listening(resp)
+            assert (await stream.next())["method"] == "notifications/subscriptions/acknowledged"
+            reloaded = {"admin": {"token": ADMIN_TOKEN}, **config, "upstreams": upstreams}
+            (tmp_path / "gw.toml").write_text(dump_toml(reloaded))
+            outcome = gw.app[RELOADER].reload()
+            assert outcome.diff is not None and getattr(outcome.diff, change) == ("b",)
+            await stream.next_of("notifications/tools/list_changed")
+        finally:
+            resp.close()
