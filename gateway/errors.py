@@ -13,7 +13,7 @@ The tree is flat on purpose: one base class, one subclass per (code, status) pai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from aiohttp import web
@@ -26,6 +26,7 @@ __all__ = [
     "GatewayError",
     "GatewayTimeout",
     "HeaderMismatch",
+    "InsufficientScope",
     "InvalidParams",
     "InvalidRequest",
     "Misdirected",
@@ -144,6 +145,25 @@ class Forbidden(GatewayError):
 
     code = -32600
     status = 403
+
+
+class InsufficientScope(GatewayError):
+    """The caller's token lacks scopes the operation needs (HTTP 403 with ``WWW-Authenticate:
+    Bearer error="insufficient_scope", scope="..."``; RFC 6750 §3.1; MCP 2026-07-28,
+    basic/authorization, 'Scope Challenge Handling'). ``scopes``: every scope the operation
+    needs, at once (the client asks for them all in one authorization). The route adds the
+    challenge's ``resource_metadata`` (it knows its own metadata URL)."""
+
+    code = -32600
+    status = 403
+
+    def __init__(self, scopes: Sequence[str], *, request_id: object = None, message: str | None = None) -> None:
+        self.scopes = tuple(scopes)
+        super().__init__(
+            message or f"Forbidden: this needs the scopes {' '.join(self.scopes)}",
+            request_id=request_id,
+            headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{" ".join(self.scopes)}"'},
+        )
 
 
 class Misdirected(GatewayError):

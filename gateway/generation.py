@@ -119,10 +119,11 @@ def build_generation(
 
 def metrics_view(config: GatewayConfig, exposition: Handler) -> Handler:
     """``GET /metrics``: with ``[auth]``, only for a bearer token of ``auth.metrics_tokens`` (or,
-    when that is empty, of ``auth.tokens``): the metrics name every configured upstream."""
+    when that is empty, of ``auth.tokens`` and ``[[auth.static]]``): the metrics name every configured upstream."""
     if config.auth is None:
         return exposition
-    tokens = tuple(t.encode() for t in (config.auth.metrics_tokens or config.auth.tokens))
+    caller_tokens = (*config.auth.tokens, *(s.token for s in config.auth.static))
+    tokens = tuple(t.encode() for t in (config.auth.metrics_tokens or caller_tokens))
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         if not bearer_matches(request.headers.get("Authorization"), tokens):

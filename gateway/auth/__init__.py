@@ -5,6 +5,6 @@ Modules, lowest first: ``caller`` (the identity every later step reads), ``token
 """
 
 from .caller import ANONYMOUS, Caller, CallerKind
-from .tokens import bearer_matches
+from .tokens import StaticCallers, bearer_matches, bearer_token, token_context
 
-__all__ = ["ANONYMOUS", "Caller", "CallerKind", "bearer_matches"]
+__all__ = ["ANONYMOUS", "Caller", "CallerKind", "StaticCallers", "bearer_matches", "bearer_token", "token_context"]

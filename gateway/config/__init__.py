@@ -13,6 +13,7 @@ from .model import (
     GatewayConfig,
     ListenerConfig,
     RegistryConfig,
+    StaticToken,
     UpstreamConfig,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "ListenerConfig",
     "LoadedConfig",
     "RegistryConfig",
+    "StaticToken",
     "UpstreamConfig",
     "load_config",
     "parse_config",

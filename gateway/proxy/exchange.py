@@ -16,6 +16,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
+from ..auth import ANONYMOUS, Caller
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -63,7 +65,8 @@ class Exchange:
 
     Set on the way in: ``request``, ``upstream_name`` (from the route; may name no upstream),
     ``upstream`` (once found), ``body`` (the raw request body, forwarded as it is), ``parsed``,
-    ``key`` (the cache key, ``None`` when the cache is bypassed).
+    ``key`` (the cache key, ``None`` when the cache is bypassed), ``caller`` (who is calling,
+    :class:`~gateway.auth.Caller`; anonymous until authenticated).
 
     On the way: ``lead``, the read-through's handle of this request's fetch (a cache miss), which
     keeps the answer (:meth:`~gateway.cache.Lead.keep`).
@@ -101,6 +104,8 @@ class Exchange:
     large: bool = False
     #: The ``Mcp-Name`` to send upstream in place of the caller's (``POST /mcp`` rewrites names).
     mcp_name: str | None = None
+    #: Who is calling, once authenticated (the pipeline's second step).
+    caller: Caller = ANONYMOUS
 
     def __init__(self, request: web.Request, upstream_name: str) -> None:
         self.request = request

@@ -32,7 +32,7 @@ from typing import Protocol
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..auth import bearer_matches
+from ..auth import StaticCallers, bearer_token
 from ..config import GatewayConfig
 from ..errors import (
     Forbidden,
@@ -109,7 +109,7 @@ class Pipeline:
         # One journal an app (``journal``: the one of the pipeline before a reload): it alone
         # drains the records into the metrics before a scrape.
         self.journal = RequestJournal(metrics.request_metrics, access_log) if journal is None else journal
-        self.tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
+        self.callers = StaticCallers(config.auth)
         public_base_url = config.registry.public_base_url
         self.origin_policy = OriginPolicy(
             config.listener.host,
@@ -140,7 +140,7 @@ class Pipeline:
                     if body is None:
                         body = await self.read_body(request)
                 except GatewayError:  # too large, too slow, undecodable: told once authenticated
-                    self.authenticate(request, None)
+                    self.authenticate(ex, None)
                     route.resolve(ex, None)
                     raise
                 ex.body = body
@@ -148,7 +148,7 @@ class Pipeline:
             else:
                 ex.method = request.method
             request_id = None if parsed is None else parsed.request_id
-            self.authenticate(request, request_id)
+            self.authenticate(ex, request_id)
             route.resolve(ex, request_id)
             response = route.look_up(ex, parsed)
             if response is None:
@@ -238,7 +238,7 @@ class Pipeline:
         try:
             parsed = parse_request(body, ex.request.headers)
         except GatewayError as err:
-            self.authenticate(ex.request, err.request_id)
+            self.authenticate(ex, err.request_id)
             route.resolve(ex, err.request_id)
             raise
         ex.parsed = parsed
@@ -247,11 +247,15 @@ class Pipeline:
 
     # -- authenticate -------------------------------------------------------------------------
 
-    def authenticate(self, request: web.Request, request_id: object) -> None:
-        """Raises :class:`Unauthorized` (HTTP 401) unless the caller presents one of
-        ``[auth].tokens`` (always passes without ``[auth]``)."""
-        if self.tokens and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), self.tokens):
-            raise Unauthorized(request_id=request_id)
+    def authenticate(self, ex: Exchange, request_id: object) -> None:
+        """Set ``ex.caller`` (:class:`~gateway.auth.Caller`) to the caller the request's bearer
+        token stands for: one of ``[auth].tokens`` or ``[[auth.static]]`` (without ``[auth]``,
+        :data:`~gateway.auth.ANONYMOUS`). Raises :class:`Unauthorized` (HTTP 401) for none."""
+        if self.callers:
+            caller = self.callers.caller(bearer_token(ex.request.headers.get(hdrs.AUTHORIZATION)))
+            if caller is None:
+                raise Unauthorized(request_id=request_id)
+            ex.caller = caller
 
     # -- answer -------------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from .. import __version__
-from ..auth import bearer_matches
+from ..auth import StaticCallers, bearer_token
 from ..config import AGGREGATE_SERVER_NAME, GatewayConfig
 from ..errors import Unauthorized, error_response
 from .state import RegistryState, UpstreamState, newest_first
@@ -83,12 +83,12 @@ class RegistryViews:
         settings = config.registry
         self.namespace = settings.server_namespace
         self.base_url = str(settings.public_base_url).rstrip("/") if settings.public_base_url else None
-        self._tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
+        self._callers = StaticCallers(config.auth)
 
     def _denied(self, request: web.Request) -> web.Response | None:
-        if not self._tokens:
+        if not self._callers:
             return None
-        if bearer_matches(request.headers.get("Authorization"), self._tokens):
+        if self._callers.caller(bearer_token(request.headers.get("Authorization"))) is not None:
             return None
         return error_response(Unauthorized())
 
