@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import Coroutine
 from typing import Any, Final
 
-__all__ = ["CLOSE_TIMEOUT_S", "BackgroundTasks"]
+__all__ = ["CLOSE_TIMEOUT_S", "BackgroundTasks", "cancel_requested"]
 
 #: How long :meth:`BackgroundTasks.close` waits for cancelled tasks to end, in seconds: a task
 #: stuck in a client library that does not give way to cancellation must not hold the shutdown.
 CLOSE_TIMEOUT_S: Final = 5.0
+
+
+def cancel_requested() -> bool:
+    """Whether the running task has been asked to cancel and has not taken it back.
+
+    An ``except`` that catches a library's errors checks it: a client library that turns the
+    ``CancelledError`` it received into one of its own errors (a timeout, a lost connection)
+    would otherwise leave a retry loop running for good, however often it is cancelled
+    (``asyncio.Task.cancelling``: ``asyncio.timeout`` takes its own cancellation back, so a
+    real timeout reads ``False``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class BackgroundTasks:
@@ -55,4 +68,8 @@ class BackgroundTasks:
                 self._log.warning(
                     "%d background tasks did not end within %g s of shutdown: %s", len(pending), CLOSE_TIMEOUT_S, names
                 )
+                for task in pending:  # where each one is stuck: what a fix needs
+                    where = io.StringIO()
+                    task.print_stack(limit=12, file=where)
+                    self._log.warning("%s", where.getvalue().rstrip())
         self._tasks.clear()

@@ -50,6 +50,8 @@ async def test_a_task_that_ignores_cancellation_does_not_hold_the_shutdown(
         await owner.close()
     assert time.monotonic() - started < 2
     assert any("did not end" in r.getMessage() and "stubborn" in r.getMessage() for r in caplog.records)
+    # Where it is stuck, for whoever fixes it: its stack, down to the line that swallowed.
+    assert any("Stack for" in r.getMessage() and "in stubborn" in r.getMessage() for r in caplog.records)
     stop.set()
     task.cancel()
     await asyncio.wait([task], timeout=1)

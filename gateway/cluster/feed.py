@@ -33,6 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from ..codec import dumps, loads
 from ..config import ClusterConfig
+from ..tasks import cancel_requested
 from .link import RedisLink, make_client
 from .mac import Keys
 
@@ -111,6 +112,8 @@ class Feed:
                 await self._read()
                 failures = 0
             except (RedisError, OSError, TimeoutError) as exc:
+                if cancel_requested():  # the client turned our cancellation into an error: end as asked
+                    raise asyncio.CancelledError from exc
                 if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
                     await self._replace_stream()
                     continue

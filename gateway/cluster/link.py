@@ -49,6 +49,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import LockError, RedisError, ResponseError
 
 from ..config import ClusterConfig
+from ..tasks import cancel_requested
 from ..telemetry import GatewayMetrics
 
 __all__ = ["HEARTBEAT_S", "MAX_CONNECTIONS", "SETTLE_S", "RedisLink", "State", "Unavailable"]
@@ -147,6 +148,8 @@ class RedisLink:
         except LockError:
             raise  # an answer about a lock (not ours any more), not a failure of Redis
         except (RedisError, OSError, TimeoutError) as exc:
+            if cancel_requested():  # the client turned our cancellation into an error
+                raise asyncio.CancelledError from exc
             self.metrics.cluster_errors.labels(operation).inc()
             raise Unavailable(f"{operation}: {_describe(exc)}", refused=isinstance(exc, ResponseError)) from exc
 
