@@ -9,6 +9,7 @@ then checks the token with the identity provider and remembers what it found.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -60,6 +61,8 @@ class Authenticator:
         self._wall = wall
         self._static: dict[bytes, Verdict] = {}
         self._remembered: LRUCache[bytes, Verdict] = LRUCache(MAX_REMEMBERED)
+        #: Verifications under way, by token context: concurrent first requests share one.
+        self._pending: dict[bytes, asyncio.Future[Verdict]] = {}
         self.jwt: JwtVerifier | None = None
         self.introspection: Introspector | None = None
         self._audiences: frozenset[str] = frozenset()
@@ -99,8 +102,16 @@ class Authenticator:
         ``until``. A JWT-shaped token goes to ``[auth.jwt]``, any other to
         ``[auth.introspection]`` (and every token to it without ``[auth.jwt]``). Never raises:
         an introspection endpoint that fails is logged as a WARNING and the token refused
-        (``invalid``, not remembered)."""
+        (``invalid``, not remembered). Concurrent calls for one token share one verification."""
         context = token_context(token)
+        pending = self._pending.get(context)
+        if pending is None:
+            pending = self._pending[context] = asyncio.ensure_future(self._verify(token, context))
+            pending.add_done_callback(lambda _: self._pending.pop(context, None))
+        # Shielded: a caller that goes away does not cancel the verification the others wait on.
+        return await asyncio.shield(pending)
+
+    async def _verify(self, token: bytes, context: bytes) -> Verdict:
         now = self._wall()
         if self.jwt is not None and (looks_like_jwt(token) or self.introspection is None):
             verdict = await self.jwt.verify(token, context)

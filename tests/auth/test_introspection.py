@@ -4,6 +4,7 @@ answers garbage refuses the caller with a 401 and a WARNING, never a 500 or an a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -29,6 +30,16 @@ async def test_an_active_opaque_token_lists_the_tools_and_its_answer_is_reused(
     assert auth_total(gw, "ok") == 5
     # A JWT-shaped token goes to JWT verification, never to the introspection endpoint.
     assert (await tools_list(http, gw, idp.mint(aud=resource("pub"), scope="mcp:read"))).status == 200
+    assert idp.introspections == 1
+
+
+async def test_concurrent_first_requests_with_one_token_make_one_introspection(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, idp: FixtureIdp
+) -> None:
+    idp.introspection[OPAQUE] = {"active": True, "sub": "svc"}
+    gw = await start_gateway(oauth_config(idp, public_up.url, introspection=True))
+    answers = await asyncio.gather(*(tools_list(http, gw, OPAQUE, id_=i) for i in range(20)))
+    assert {a.status for a in answers} == {200}
     assert idp.introspections == 1
 
 
