@@ -122,20 +122,36 @@ class NotFound(GatewayError):
 
 
 class Unauthorized(GatewayError):
-    """A missing or wrong bearer token (HTTP 401 with ``WWW-Authenticate: Bearer``, RFC 6750 §3).
+    """A missing, invalid or expired bearer token (HTTP 401 with ``WWW-Authenticate: Bearer``,
+    RFC 6750 §3).
 
     The one 401 of the gateway: the MCP routes, the registry routes and the admin routes all
-    answer it, each naming its realm.
+    answer it, each naming its realm. ``resource_metadata``: the called route's protected
+    resource metadata URL (RFC 9728, 5.1; MCP 2026-07-28, basic/authorization, 'Protected
+    Resource Metadata Discovery Requirements'); ``invalid_token``: a token was presented and
+    refused (RFC 6750, 3.1: without a token the challenge carries no error code).
     """
 
     code = -32600
     status = 401
 
-    def __init__(self, *, request_id: object = None, realm: str = REALM) -> None:
+    def __init__(
+        self,
+        *,
+        request_id: object = None,
+        realm: str = REALM,
+        resource_metadata: str | None = None,
+        invalid_token: bool = False,
+    ) -> None:
+        challenge = f'Bearer realm="{realm}"'
+        if resource_metadata is not None:
+            challenge += f', resource_metadata="{resource_metadata}"'
+        if invalid_token:
+            challenge += ', error="invalid_token"'
         super().__init__(
             "Unauthorized: a valid bearer token is required",
             request_id=request_id,
-            headers={"WWW-Authenticate": f'Bearer realm="{realm}"'},
+            headers={"WWW-Authenticate": challenge},
         )
 
 
@@ -164,6 +180,12 @@ class InsufficientScope(GatewayError):
             request_id=request_id,
             headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{" ".join(self.scopes)}"'},
         )
+
+    def add_resource_metadata(self, url: str | None) -> None:
+        """Name the route's metadata URL in the challenge (once; the pipeline does it as it answers)."""
+        challenge = self.headers["WWW-Authenticate"]
+        if url is not None and "resource_metadata=" not in challenge:
+            self.headers["WWW-Authenticate"] = f'{challenge}, resource_metadata="{url}"'
 
 
 class Misdirected(GatewayError):

@@ -49,6 +49,10 @@ class AppParts:
     cluster: Cluster | None = None
     session: aiohttp.ClientSession | None = None
 
+    def client(self) -> aiohttp.ClientSession | None:
+        """The client session while the app runs (:data:`~gateway.auth.SessionSource`)."""
+        return self.session
+
 
 @dataclass
 class Generation:
@@ -94,11 +98,19 @@ def build_generation(
     one shares). Reads the registry's state as it is now: build after the registry's reload."""
     if previous is None:
         readthrough = parts.readthrough
-        proxy = parts.proxy_class(config, upstreams, readthrough, parts.metrics, on_success=parts.registry.observe)
+        proxy = parts.proxy_class(
+            config, upstreams, readthrough, parts.metrics, on_success=parts.registry.observe, session=parts.client
+        )
     else:
         readthrough = parts.readthrough.retuned(config)
         proxy = parts.proxy_class(
-            config, upstreams, readthrough, parts.metrics, on_success=parts.registry.observe, previous=previous.proxy
+            config,
+            upstreams,
+            readthrough,
+            parts.metrics,
+            on_success=parts.registry.observe,
+            previous=previous.proxy,
+            session=parts.client,
         )
     listing: AggregateListing | None = None  # POST /mcp in /v0.1/servers
     aggregate: Aggregate | None = None
@@ -113,7 +125,14 @@ def build_generation(
         )
         listing = AggregateListing(ROUTE, aggregate.members, aggregate.names.separator, aggregate.active)
     identities = parts.cluster.identities if parts.cluster is not None else None
-    views = RegistryViews(config, parts.registry.state, listing, identities)
+    views = RegistryViews(
+        config,
+        parts.registry.state,
+        listing,
+        identities,
+        authenticator=proxy.pipeline.authenticator,
+        metrics=parts.metrics,
+    )
     return Generation(config, sha256, upstreams, proxy, views, metrics_view(config, parts.exposition), aggregate)
 
 

@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .auth import AuthConfig, StaticToken
+from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken
 from .base import _Model
 
 __all__ = [
@@ -23,8 +23,11 @@ __all__ = [
     "CacheConfig",
     "ClusterConfig",
     "GatewayConfig",
+    "IntrospectionConfig",
+    "JwtConfig",
     "ListenerConfig",
     "RegistryConfig",
+    "ResourceConfig",
     "StaticToken",
     "UpstreamConfig",
 ]
@@ -461,6 +464,8 @@ class GatewayConfig(_Model):
                     f"upstreams {', '.join(bad)}: forward_authorization cannot be used with [auth] "
                     "(the gateway's own token would be forwarded)"
                 )
+            base = self.registry.public_base_url
+            self.auth.check_resource(None if base is None else str(base))
         return self
 
     def vary_on_capabilities(self, upstream: str) -> bool:

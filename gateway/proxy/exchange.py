@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
-from ..auth import ANONYMOUS, Caller
+from ..auth import ANONYMOUS, Caller, Verdict
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -106,6 +106,12 @@ class Exchange:
     mcp_name: str | None = None
     #: Who is calling, once authenticated (the pipeline's second step).
     caller: Caller = ANONYMOUS
+    #: What the caller's token proved, found before the body is read when finding it may await
+    #: (a token not seen before); ``None``: :meth:`Pipeline.authenticate` looks it up itself.
+    verdict: Verdict | None = None
+    #: The ``outcome`` of ``mcp_gateway_auth_total`` for this request (the last one set wins:
+    #: a policy refusal after ``ok`` counts as ``denied``); ``None`` without ``[auth]``.
+    auth_outcome: str | None = None
 
     def __init__(self, request: web.Request, upstream_name: str) -> None:
         self.request = request
