@@ -16,6 +16,7 @@ from .model import (
     StaticToken,
     UpstreamConfig,
 )
+from .policy import PolicyConfig, PolicyRule
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -29,6 +30,8 @@ __all__ = [
     "GatewayConfig",
     "ListenerConfig",
     "LoadedConfig",
+    "PolicyConfig",
+    "PolicyRule",
     "RegistryConfig",
     "StaticToken",
     "UpstreamConfig",
