@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from ..cache import CacheKey, CacheLookup, Lead
+    from ..policy import Rights
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
@@ -106,6 +107,8 @@ class Exchange:
     mcp_name: str | None = None
     #: Who is calling, once authenticated (the pipeline's second step).
     caller: Caller = ANONYMOUS
+    #: What the caller may see and use, with ``[[policy.rules]]`` (``None`` without: everything).
+    rights: Rights | None = None
 
     def __init__(self, request: web.Request, upstream_name: str) -> None:
         self.request = request

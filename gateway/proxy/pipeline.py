@@ -12,8 +12,11 @@
    the upstream), before any parse or header error is answered and before the cache, even for
    ``public`` entries: a cached answer is never a way around authentication (basic/authorization,
    'Token Handling'; server/utilities/caching, 'Security Considerations'), and a caller without a
-   token learns nothing from an error. A per-caller policy (what this caller may use) goes right
-   after it, here and nowhere else: every route passes this point before its cache.
+   token learns nothing from an error. With ``[[policy.rules]]`` the caller's rights are known
+   from here on (``ex.rights``): an upstream no rule allows is not found by :meth:`Route.resolve`.
+   Then **authorize** (:meth:`Route.authorize`, only with rules): a call, get, read or completion
+   of something no rule allows is refused here, never forwarded (:mod:`gateway.policy`): every
+   route passes this point before its cache.
 3. **Look up**: :meth:`Route.look_up`, the answer from the cache if it is there (no await: a hit
    is answered without one), **and answer** otherwise: :meth:`Route.answer` (the read-through, the
    upstream, or the route's own composition); a large answer is then written in chunks under the
@@ -44,6 +47,7 @@ from ..errors import (
     Unauthorized,
     error_response,
 )
+from ..policy import Kind, Policy
 from ..protocol import ParsedRequest, method_label, parse_request
 from ..telemetry import ACCESS_LOGGER, GatewayMetrics, RequestJournal, RequestRecord
 from .exchange import Exchange
@@ -68,6 +72,10 @@ class Route(Protocol):
     def resolve(self, ex: Exchange, request_id: object) -> None:
         """Once the caller is authenticated, before any other error is told: what the request
         names exists (``ex.upstream``). Raises a :class:`GatewayError` with ``request_id``."""
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """With ``[[policy.rules]]`` (``ex.rights`` set), once resolved: what the request uses is
+        allowed. Raises the denial (:meth:`Pipeline.denied`)."""
 
     def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse | None:
         """The answer if the cache has it, else ``None`` (``parsed`` is ``None`` for a route
@@ -110,6 +118,9 @@ class Pipeline:
         # drains the records into the metrics before a scrape.
         self.journal = RequestJournal(metrics.request_metrics, access_log) if journal is None else journal
         self.callers = StaticCallers(config.auth)
+        #: ``None`` without rules: nothing is filtered or denied, and no step asks.
+        self.policy = Policy(config.policy) if config.policy.rules else None
+        self.metrics = metrics
         public_base_url = config.registry.public_base_url
         self.origin_policy = OriginPolicy(
             config.listener.host,
@@ -150,6 +161,8 @@ class Pipeline:
             request_id = None if parsed is None else parsed.request_id
             self.authenticate(ex, request_id)
             route.resolve(ex, request_id)
+            if ex.rights is not None:
+                route.authorize(ex, parsed)
             response = route.look_up(ex, parsed)
             if response is None:
                 response = await route.answer(ex, parsed)
@@ -256,6 +269,21 @@ class Pipeline:
             if caller is None:
                 raise Unauthorized(request_id=request_id)
             ex.caller = caller
+        if self.policy is not None:
+            ex.rights = self.policy.rights(ex.caller)
+
+    # -- authorize ----------------------------------------------------------------------------
+
+    def denied(
+        self, ex: Exchange, kind: Kind, upstream: str, name: str, request_id: object, *, shown: object = None
+    ) -> GatewayError:
+        """The answer to a ``kind`` ``name`` of ``upstream`` that no rule allows ``ex.caller``
+        (:meth:`~gateway.policy.Policy.denial`: 403 insufficient_scope or -32602 naming ``shown``,
+        the name as the caller sent it, ``name`` by default), counted in
+        ``mcp_gateway_auth_total{outcome="denied"}``."""
+        assert self.policy is not None
+        self.metrics.auth.labels("denied").inc()
+        return self.policy.denial(ex.caller, kind, upstream, name, request_id, shown=shown)
 
     # -- answer -------------------------------------------------------------------------------
 

@@ -336,6 +336,14 @@ class GatewayMetrics:
             namespace=ns,
             registry=own,
         )
+        self.auth = Counter(
+            "auth",
+            "Authentication and authorization outcomes of MCP requests: denied (a per-caller policy "
+            "refused a call, get, read or completion; it was not forwarded).",
+            ["outcome"],
+            namespace=ns,
+            registry=own,
+        )
         # Read from each Upstream's count (create_app binds them: track_inflight).
         self.inflight = Gauge(
             "inflight_requests",
