@@ -144,6 +144,8 @@ class Proxy:
         """Not in the local tier: the read-through (:meth:`miss`), or the upstream for a request
         that bypasses the cache."""
         if ex.key is None:
+            if ex.rights is not None and ex.method in LIST_ITEMS:  # a list the caller sees filtered
+                return await self.filtered_forward(ex, Forwarded.BYPASS)
             return await self.forwarder.forward(ex, Forwarded.BYPASS)
         return await self.miss(ex, ex.key)
 
@@ -231,14 +233,24 @@ class Proxy:
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
 
     async def filtered_miss(self, ex: Exchange, lead: Lead) -> web.StreamResponse:
-        """The read-through's fetch of a list for a caller whose rights filter it: the whole
-        answer read (JSON or SSE) and kept as any miss's, then the caller's view of it (of the
-        stored entry, or of the answer itself when it was not stored)."""
-        upstream, parsed = ex.upstream, ex.parsed
-        assert upstream is not None and parsed is not None and ex.body is not None and ex.rights is not None
+        """The read-through's fetch of a list for a caller whose rights filter it
+        (:meth:`filtered_forward`), its whole answer kept as any miss's."""
         ex.lookup = CacheLookup.MISS
         ex.lead = lead
-        ex.fwd = Forwarded.MISS
+        return await self.filtered_forward(ex, Forwarded.MISS)
+
+    async def filtered_forward(self, ex: Exchange, fwd: Forwarded) -> web.StreamResponse:
+        """A list for a caller whose rights filter it, sent upstream (``fwd``: why): the whole
+        answer read (JSON or SSE; kept when the request is a miss, ``ex.lead``), and the caller
+        sent the items it may see, ``cacheScope`` ``private`` (:func:`~gateway.policy.filter_result`).
+        A JSON-RPC error is relayed as it came.
+
+        Raises:
+            Overloaded, BadGateway, GatewayTimeout: as :meth:`Forwarder.fetch`.
+        """
+        upstream, parsed = ex.upstream, ex.parsed
+        assert upstream is not None and parsed is not None and ex.body is not None and ex.rights is not None
+        ex.fwd = fwd
         try:
             headers = self.forwarder.request_headers(ex.request, upstream, ex.mcp_name)
             status, message, size = await self.forwarder.fetch(upstream, ex.body, headers, parsed.request_id, ex.method)

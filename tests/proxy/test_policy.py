@@ -235,3 +235,13 @@ async def test_a_listen_stream_drops_what_the_caller_may_not_read_and_relays_the
     finally:
         for stream in streams:
             stream.resp.close()
+
+
+async def test_a_list_that_bypasses_the_cache_is_filtered_too(
+    http: aiohttp.ClientSession, start_gateway: StartGateway, public_up: Upstream
+) -> None:
+    gw = await start_gateway({**policy_config(public_up), "cache": {"max_entries": 0}})
+    status, body, headers = await call(http, gw, READER, "tools/list")
+    assert status == 200 and "fwd=bypass" in headers["Cache-Status"]
+    assert [t["name"] for t in body["result"]["tools"]] == ["add", "echo"]
+    assert body["result"]["cacheScope"] == "private"
