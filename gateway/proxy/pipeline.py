@@ -12,8 +12,11 @@
    the upstream), before any parse or header error is answered and before the cache, even for
    ``public`` entries: a cached answer is never a way around authentication (basic/authorization,
    'Token Handling'; server/utilities/caching, 'Security Considerations'), and a caller without a
-   token learns nothing from an error. A per-caller policy (what this caller may use) goes right
-   after it, here and nowhere else: every route passes this point before its cache.
+   token learns nothing from an error. With ``[[policy.rules]]`` the caller's rights are known
+   from here on (``ex.rights``): an upstream no rule allows is not found by :meth:`Route.resolve`.
+   Then **authorize** (:meth:`Route.authorize`, only with rules): a call, get, read or completion
+   of something no rule allows is refused here, never forwarded (:mod:`gateway.policy`): every
+   route passes this point before its cache.
 3. **Look up**: :meth:`Route.look_up`, the answer from the cache if it is there (no await: a hit
    is answered without one), **and answer** otherwise: :meth:`Route.answer` (the read-through, the
    upstream, or the route's own composition); a large answer is then written in chunks under the
@@ -32,7 +35,7 @@ from typing import Protocol
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..auth import INVALID, Authenticator, SessionSource, bearer_token
+from ..auth import ANONYMOUS, INVALID, Authenticator, SessionSource, bearer_token
 from ..config import GatewayConfig
 from ..errors import (
     Forbidden,
@@ -45,6 +48,7 @@ from ..errors import (
     Unauthorized,
     error_response,
 )
+from ..policy import Kind, Policy
 from ..protocol import ParsedRequest, method_label, parse_request
 from ..telemetry import ACCESS_LOGGER, GatewayMetrics, RequestJournal, RequestRecord
 from .exchange import Exchange
@@ -69,6 +73,10 @@ class Route(Protocol):
     def resolve(self, ex: Exchange, request_id: object) -> None:
         """Once the caller is authenticated, before any other error is told: what the request
         names exists (``ex.upstream``). Raises a :class:`GatewayError` with ``request_id``."""
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """With ``[[policy.rules]]`` (``ex.rights`` set), once resolved: what the request uses is
+        allowed. Raises the denial (:meth:`Pipeline.denied`)."""
 
     def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse | None:
         """The answer if the cache has it, else ``None`` (``parsed`` is ``None`` for a route
@@ -115,6 +123,8 @@ class Pipeline:
         #: Who callers are (every route of this config: the registry routes share it).
         self.authenticator = Authenticator(config, session)
         self.verifies = self.authenticator.verifies
+        #: ``None`` without rules: nothing is filtered or denied, and no step asks.
+        self.policy = Policy(config.policy) if config.policy.rules else None
         public_base_url = config.registry.public_base_url
         self.origin_policy = OriginPolicy(
             config.listener.host,
@@ -163,6 +173,8 @@ class Pipeline:
             request_id = None if parsed is None else parsed.request_id
             self.authenticate(ex, request_id)
             route.resolve(ex, request_id)
+            if ex.rights is not None:
+                route.authorize(ex, parsed)
             response = route.look_up(ex, parsed)
             if response is None:
                 response = await route.answer(ex, parsed)
@@ -274,6 +286,8 @@ class Pipeline:
         """
         auth = self.authenticator
         if not auth.enabled:
+            if self.policy is not None:  # rules without [auth]: what they grant any caller
+                ex.rights = self.policy.rights(ANONYMOUS)
             return
         verdict = ex.verdict
         if verdict is None:
@@ -293,10 +307,25 @@ class Pipeline:
             raise InsufficientScope(sorted(required), request_id=request_id)
         ex.caller = caller
         ex.auth_outcome = "ok"
+        if self.policy is not None:
+            ex.rights = self.policy.rights(caller)
 
     def count_denied(self, ex: Exchange) -> None:
         """Count the request as ``denied`` in ``mcp_gateway_auth_total`` (a policy refused it)."""
         ex.auth_outcome = "denied"
+
+    # -- authorize ----------------------------------------------------------------------------
+
+    def denied(
+        self, ex: Exchange, kind: Kind, upstream: str, name: str, request_id: object, *, shown: object = None
+    ) -> GatewayError:
+        """The answer to a ``kind`` ``name`` of ``upstream`` that no rule allows ``ex.caller``
+        (:meth:`~gateway.policy.Policy.denial`: 403 insufficient_scope or -32602 naming ``shown``,
+        the name as the caller sent it, ``name`` by default), counted in
+        ``mcp_gateway_auth_total{outcome="denied"}``."""
+        assert self.policy is not None
+        self.count_denied(ex)
+        return self.policy.denial(ex.caller, kind, upstream, name, request_id, shown=shown)
 
     # -- answer -------------------------------------------------------------------------------
 
