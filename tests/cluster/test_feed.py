@@ -4,6 +4,7 @@ cancelled, even when the client library hands the cancellation back as one of it
 from __future__ import annotations
 
 import asyncio
+import io
 from typing import Any
 
 import pytest
@@ -45,8 +46,11 @@ async def test_a_cancelled_feed_ends_even_when_the_client_turns_the_cancellation
     try:
         await wait_until(lambda: link.reading, what="the feed reading")
         task.cancel()
-        done, _ = await asyncio.wait([task], timeout=5)
-        assert done, "the feed went on reading after it was cancelled"
+        done, _ = await asyncio.wait([task], timeout=10)
+        where = io.StringIO()
+        if not done:
+            task.print_stack(file=where)
+        assert done, f"the feed went on reading after it was cancelled, at:\n{where.getvalue()}"
         assert task.cancelled()
     finally:
         task.cancel()
