@@ -44,9 +44,12 @@ class Policy:
 
     def rights(self, caller: Caller) -> Rights:
         """The rights of ``caller``: the union of the rules it matches. One :class:`Rights` per
-        set of matched rules, and per authorization context (``caller.context``) the one it got."""
+        set of matched rules, and per authorization context (``caller.context``; the anonymous
+        caller of a gateway without ``[auth]`` is one) the one it got."""
         context = caller.context
-        if context:
+        # A token's context names its caller; without [auth] every caller is the anonymous one.
+        remembered = bool(context) or caller.kind == "none"
+        if remembered:
             got = self._by_context.get(context)
             if got is not None:
                 return got
@@ -55,7 +58,7 @@ class Policy:
         rights = self._by_key.get(key)
         if rights is None:
             rights = self._by_key[key] = Rights(matched, self.digest)
-        if context:
+        if remembered:
             if len(self._by_context) >= MAX_MEMOIZED_CALLERS:
                 self._by_context.clear()
             self._by_context[context] = rights
