@@ -11,10 +11,11 @@ from .authenticator import MAX_REMEMBERED, Authenticator
 from .caller import ANONYMOUS, Caller, CallerKind
 from .fetch import IdentityProviderError, SessionSource
 from .resource import WELL_KNOWN, Resources
-from .tokens import StaticCallers, bearer_matches, bearer_token, token_context
+from .tokens import AMBIGUOUS, StaticCallers, bearer_matches, bearer_token, presented_token, token_context
 from .verdict import AUTH_OUTCOMES, EXPIRED, INVALID, MISSING, AuthOutcome, Verdict
 
 __all__ = [
+    "AMBIGUOUS",
     "ANONYMOUS",
     "AUTH_OUTCOMES",
     "EXPIRED",
@@ -33,5 +34,6 @@ __all__ = [
     "Verdict",
     "bearer_matches",
     "bearer_token",
+    "presented_token",
     "token_context",
 ]

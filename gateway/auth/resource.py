@@ -3,8 +3,11 @@ of its metadata, and the metadata document itself."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
+
+from ..config import UPSTREAM_NAME_PATTERN
 
 if TYPE_CHECKING:
     from ..config import GatewayConfig
@@ -15,6 +18,9 @@ __all__ = ["AGGREGATE_PATH", "WELL_KNOWN", "Resources"]
 WELL_KNOWN: Final = "/.well-known/oauth-protected-resource"
 #: The path of ``POST /mcp`` (``gateway.aggregate.ROUTE``: the route's name in an exchange).
 AGGREGATE_PATH: Final = "/mcp"
+
+#: What an upstream name may be (the config's rule): any such name has a metadata document.
+_UPSTREAM_NAME: Final = re.compile(UPSTREAM_NAME_PATTERN)
 
 
 def route_path(name: str) -> str:
@@ -75,13 +81,15 @@ class Resources:
 
     def document(self, name: str | None) -> dict[str, Any] | None:
         """The metadata of the route (``name`` as in :meth:`uri`; ``None``: the root, whose
-        ``resource`` is ``public_base_url``), or ``None`` for a route that does not exist
-        (an upstream not configured, ``/mcp`` without ``[aggregate]``). RFC 9728, 2."""
+        ``resource`` is ``public_base_url``), or ``None`` for ``/mcp`` without ``[aggregate]``
+        and for a name no upstream could have. Any other upstream name has its document, configured
+        or not: callers learn which upstreams exist only once authenticated (and then only those
+        their rules allow). RFC 9728, 2."""
         if not self.published or self.base is None:
             return None
         if name is None:
             resource = self.base
-        elif (name == AGGREGATE_PATH and self.aggregate) or name in self.upstreams:
+        elif (name == AGGREGATE_PATH and self.aggregate) or name in self.upstreams or _UPSTREAM_NAME.fullmatch(name):
             resource = self.uri(name)
         else:
             return None

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final
+
+from aiohttp import hdrs
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from .caller import Caller
 
 if TYPE_CHECKING:
     from ..config import AuthConfig
 
-__all__ = ["StaticCallers", "bearer_matches", "bearer_token", "token_context"]
+__all__ = ["AMBIGUOUS", "StaticCallers", "bearer_matches", "bearer_token", "presented_token", "token_context"]
 
 
 def bearer_matches(authorization: str | None, tokens: Sequence[bytes]) -> bool:
@@ -28,6 +31,20 @@ def bearer_matches(authorization: str | None, tokens: Sequence[bytes]) -> bool:
     for token in tokens:  # no early exit
         ok |= hmac.compare_digest(candidate, token)
     return ok
+
+
+#: What :func:`presented_token` finds in two ``Authorization`` headers: no token (RFC 6750,
+#: 3.1: a request with more than one is malformed), never a b64token, so always invalid.
+AMBIGUOUS: Final = b"\x00two Authorization headers"
+
+
+def presented_token(headers: Mapping[str, str]) -> bytes | None:
+    """The bearer token of a request's headers (:func:`bearer_token` of its ``Authorization``);
+    :data:`AMBIGUOUS` when there are two or more, which no check accepts: a proxy in front
+    that reads the other one must not see another caller than the gateway does."""
+    if isinstance(headers, CIMultiDictProxy | CIMultiDict) and len(headers.getall(hdrs.AUTHORIZATION, ())) > 1:
+        return AMBIGUOUS
+    return bearer_token(headers.get(hdrs.AUTHORIZATION))
 
 
 def bearer_token(authorization: str | None) -> bytes | None:

@@ -12,8 +12,8 @@ from .caller import Caller
 __all__ = ["AUTH_OUTCOMES", "EXPIRED", "INVALID", "MISSING", "AuthOutcome", "Verdict", "scopes_of"]
 
 #: The ``outcome`` label of ``mcp_gateway_auth_total``: ``ok``, ``missing`` (no bearer token),
-#: ``invalid``, ``expired``, ``insufficient_scope`` (lacks ``required_scopes``, or a policy's
-#: scope challenge) and ``denied`` (a policy refusal).
+#: ``invalid``, ``expired``, ``insufficient_scope`` (lacks ``required_scopes``) and ``denied``
+#: (a policy refusal, its 403 scope challenge included).
 AuthOutcome = Literal["ok", "missing", "invalid", "expired", "insufficient_scope", "denied"]
 AUTH_OUTCOMES: Final[tuple[AuthOutcome, ...]] = ("ok", "missing", "invalid", "expired", "insufficient_scope", "denied")
 

@@ -11,6 +11,7 @@ the shared tier, never outlives the token (``Caller.expires_at``), and each cont
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -92,7 +93,12 @@ class PrivateAnswers:
             if token_left <= 0:
                 return None
             if now + token_left < entry.expires_at:
-                entry = dataclasses.replace(entry, expires_at=now + token_left, keep_until=now + token_left)
+                entry = dataclasses.replace(
+                    entry,
+                    expires_at=now + token_left,
+                    keep_until=now + token_left,
+                    ttl_ms=math.floor(token_left * 1000),  # what Cache-Status says was stored
+                )
         private = self.key(key, context)
         if not self.store.put(private, entry):
             return None

@@ -40,19 +40,23 @@ class Policy:
         #: :attr:`Rights.tag`, so that nothing kept for one set of rules answers under another.
         self.digest = hashlib.sha256(orjson.dumps(config.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).digest()
         self._by_key: dict[tuple[int, ...], Rights] = {}
-        self._by_context: dict[bytes, Rights] = {}
+        #: Per authorization context, the caller its rights were worked out for and them: a
+        #: token verified again (introspected anew, its scopes changed at the IdP) is a new
+        #: Caller, so its rights are worked out again.
+        self._by_context: dict[bytes, tuple[Caller, Rights]] = {}
 
     def rights(self, caller: Caller) -> Rights:
         """The rights of ``caller``: the union of the rules it matches. One :class:`Rights` per
         set of matched rules, and per authorization context (``caller.context``; the anonymous
-        caller of a gateway without ``[auth]`` is one) the one it got."""
+        caller of a gateway without ``[auth]`` is one) the one it got, as long as the context
+        stands for the same verified caller (the same object)."""
         context = caller.context
         # A token's context names its caller; without [auth] every caller is the anonymous one.
         remembered = bool(context) or caller.kind == "none"
         if remembered:
             got = self._by_context.get(context)
-            if got is not None:
-                return got
+            if got is not None and got[0] is caller:
+                return got[1]
         matched = tuple(rule for rule in self.rules if rule.matches(caller))
         key = tuple(rule.index for rule in matched)
         rights = self._by_key.get(key)
@@ -61,7 +65,7 @@ class Policy:
         if remembered:
             if len(self._by_context) >= MAX_MEMOIZED_CALLERS:
                 self._by_context.clear()
-            self._by_context[context] = rights
+            self._by_context[context] = (caller, rights)
         return rights
 
     def scopes_for(self, caller: Caller, kind: Kind, upstream: str, name: str) -> tuple[str, ...] | None:

@@ -20,6 +20,11 @@ KINDS: Final[tuple[Kind, ...]] = ("tools", "prompts", "resources")
 MAX_MEMOIZED_UPSTREAMS: Final = 1024
 
 
+#: A path segment ``.`` or ``..`` (between ``/`` or ``\\``, or at either end), or a percent-encoded
+#: ``.``, ``/`` or ``\\``: what could make one URI read as another once resolved.
+_AMBIGUOUS_PATH: Final = re.compile(r"(?:^|[/\\])\.{1,2}(?:[/\\?#]|$)|%(?:2[eEfF]|5[cC])")
+
+
 class Rights:
     """The rights of the callers that match exactly the rules ``rules`` (in config order).
 
@@ -67,5 +72,9 @@ class Rights:
 
     def allows(self, kind: Kind, upstream: str, name: str) -> bool:
         """Whether the caller may see and use the ``kind`` item ``name`` (a tool or prompt name,
-        a resource URI or URI template) of ``upstream``."""
+        a resource URI or URI template) of ``upstream``. A URI with a dot-segment or an encoded
+        dot, slash or backslash is allowed by no rule: an upstream that resolves it (RFC 3986,
+        5.2.4) would read another URI than the one the glob matched."""
+        if kind == "resources" and _AMBIGUOUS_PATH.search(name) is not None:
+            return False
         return any(pattern.fullmatch(name) is not None for pattern in self.patterns(kind, upstream))

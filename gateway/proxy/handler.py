@@ -313,7 +313,8 @@ class Proxy:
 def uses(parsed: ParsedRequest) -> tuple[Kind, str] | None:
     """What ``parsed`` uses that a rule must allow: ``("tools", name)`` for ``tools/call``,
     ``("prompts", name)`` for ``prompts/get`` and a prompt's ``completion/complete``,
-    ``("resources", uri)`` for ``resources/read`` and a resource template's completion; ``None``
+    ``("resources", uri)`` for ``resources/read``, a legacy ``resources/subscribe`` or
+    ``unsubscribe`` and a resource template's completion; ``None``
     for other methods. A name that is not a string is ``""`` (no glob allows it: refused as
     unknown)."""
     method, params = parsed.method, parsed.params or {}
@@ -322,7 +323,7 @@ def uses(parsed: ParsedRequest) -> tuple[Kind, str] | None:
         value = params.get("name")
     elif method == "prompts/get":
         kind, value = "prompts", params.get("name")
-    elif method == "resources/read":
+    elif method in ("resources/read", "resources/subscribe", "resources/unsubscribe"):
         kind, value = "resources", params.get("uri")
     elif method == "completion/complete":
         ref = params.get("ref")

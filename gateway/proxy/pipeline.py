@@ -37,7 +37,7 @@ from typing import Protocol
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..auth import ANONYMOUS, INVALID, Authenticator, SessionSource, bearer_token
+from ..auth import ANONYMOUS, INVALID, Authenticator, SessionSource, presented_token
 from ..config import GatewayConfig
 from ..errors import (
     Forbidden,
@@ -152,7 +152,7 @@ class Pipeline:
             if self.verifies:
                 # A token not seen before is verified here, the one await of authentication
                 # (a remembered or static token costs none); authenticate reads the verdict.
-                token = bearer_token(request.headers.get(hdrs.AUTHORIZATION))
+                token = presented_token(request.headers)
                 verdict = self.authenticator.known(token)
                 if verdict is None and token is not None:
                     verdict = await self.authenticator.verify(token)
@@ -293,7 +293,7 @@ class Pipeline:
             return
         verdict = ex.verdict
         if verdict is None:
-            verdict = auth.known(bearer_token(ex.request.headers.get(hdrs.AUTHORIZATION))) or INVALID
+            verdict = auth.known(presented_token(ex.request.headers)) or INVALID
         resources = auth.resources
         caller = verdict.caller
         if caller is None or not verdict.accepts(resources.uri(ex.upstream_name)):

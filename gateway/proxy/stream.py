@@ -12,6 +12,7 @@ Any other stream is relayed chunk by chunk as the caller takes it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -73,15 +74,26 @@ async def relay_stream(
     parsed = ex.parsed
     request_id = parsed.request_id if parsed is not None and parsed.kind == "request" else None
     parser = SSEParser(upstream.config.max_response_bytes) if request_id is not None else None
+    listening = parsed is not None and parsed.method == LISTEN
+    # A listen stream ends when the caller's token does: it must authenticate again to go on
+    # hearing (MCP 2026-07-28, basic/authorization, 'Token Handling': every request authenticated).
+    ends = _token_end(ex) if listening else None
     try:
         await out.prepare(ex.request)
-        if parser is not None and ex.lead is not None:
-            final = await _relay_read_ahead(forwarder, ex, upstream, resp, out, parser, request_id)
-        elif parser is not None and ex.rights is not None and parsed is not None and parsed.method == LISTEN:
-            final = await _relay_listen_filtered(forwarder, ex, upstream, resp, out, parser, request_id)
-        else:
-            final = await _relay_paced(forwarder, ex, upstream, resp, out, parser, request_id)
-        if parser is not None and final is None:
+        final = None
+        bound = asyncio.timeout_at(ends)
+        try:
+            async with bound:
+                if parser is not None and ex.lead is not None:
+                    final = await _relay_read_ahead(forwarder, ex, upstream, resp, out, parser, request_id)
+                elif parser is not None and ex.rights is not None and listening:
+                    final = await _relay_listen_filtered(forwarder, ex, upstream, resp, out, parser, request_id)
+                else:
+                    final = await _relay_paced(forwarder, ex, upstream, resp, out, parser, request_id)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+        if parser is not None and final is None and not bound.expired():
             await _end_unanswered(forwarder, ex, upstream, out, parser, request_id)
         if ex.lead is not None and final is None:
             forwarder.metrics.cache_stores.labels(upstream.name, ex.method, StoreOutcome.STREAM_BROKEN).inc()
@@ -89,6 +101,14 @@ async def relay_stream(
     except ConnectionResetError:  # CallerGone, and aiohttp's own when the transport is closing
         ex.disconnected = True
     return out
+
+
+def _token_end(ex: Exchange) -> float | None:
+    """When the caller's token expires, in event-loop time (``None``: it does not)."""
+    expires_at = ex.caller.expires_at
+    if expires_at is None:
+        return None
+    return asyncio.get_running_loop().time() + (expires_at - time.time())
 
 
 def _found(

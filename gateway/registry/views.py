@@ -12,9 +12,9 @@ import orjson
 from aiohttp import web
 
 from .. import __version__
-from ..auth import ANONYMOUS, Authenticator, Caller, bearer_token
+from ..auth import ANONYMOUS, Authenticator, Caller, presented_token
 from ..config import AGGREGATE_SERVER_NAME, GatewayConfig
-from ..errors import Unauthorized, error_response
+from ..errors import InsufficientScope, Unauthorized, error_response
 from ..policy import Policy
 from ..telemetry import GatewayMetrics
 from .state import RegistryState, UpstreamState, newest_first
@@ -100,19 +100,24 @@ class RegistryViews:
         auth = self.authenticator
         if not auth.enabled:
             return ANONYMOUS
-        token = bearer_token(request.headers.get("Authorization"))
+        token = presented_token(request.headers)
         verdict = await auth.caller(token)
         ok = auth.accepts_anywhere(verdict)
+        caller = verdict.caller
+        metadata_url = auth.resources.root_metadata_url if auth.resources.published else None
+        lacking = ok and caller is not None and not auth.required_scopes <= caller.scopes
         if self._auth_total is not None:
-            self._auth_total.labels("ok" if ok else verdict.outcome if verdict.caller is None else "invalid").inc()
-        if ok and verdict.caller is not None:
-            return verdict.caller
-        return error_response(
-            Unauthorized(
-                resource_metadata=auth.resources.root_metadata_url if auth.resources.published else None,
-                invalid_token=verdict.outcome != "missing",
+            outcome = (
+                "insufficient_scope" if lacking else "ok" if ok else verdict.outcome if caller is None else "invalid"
             )
-        )
+            self._auth_total.labels(outcome).inc()
+        if lacking:  # required_scopes apply to every caller, here too
+            forbidden = InsufficientScope(sorted(auth.required_scopes))
+            forbidden.add_resource_metadata(metadata_url)
+            return error_response(forbidden)
+        if ok and caller is not None:
+            return caller
+        return error_response(Unauthorized(resource_metadata=metadata_url, invalid_token=verdict.outcome != "missing"))
 
     def _shown(self, caller: Caller) -> Callable[[str], bool] | None:
         """Which names ``caller`` is shown (``None``: all): the upstreams some rule allows it,

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import jwt
 import pytest
+from multidict import CIMultiDict
 
 from gateway.auth import Authenticator
 from gateway.config import parse_config
@@ -23,6 +24,7 @@ from ..support import StartGateway
 from ..support.fleet import Upstream
 from ..support.idp import FixtureIdp
 from ..support.polling import wait_until
+from ..support.wire import mcp_headers, rpc
 from .oauth import BASE, WELL_KNOWN, auth_total, challenge, oauth_config, resource, tools_list
 from .test_jwts import _bad_tokens
 
@@ -160,6 +162,39 @@ async def test_lacking_a_required_scope_is_a_403_challenge_naming_the_scopes_and
     assert (await tools_list(http, gw, entra_shaped)).status == 200
 
 
+async def test_required_scopes_apply_to_the_registry_routes_too(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, idp: FixtureIdp
+) -> None:
+    gw = await start_gateway(oauth_config(idp, public_up.url, required_scopes=["mcp:read"]))
+    for path in ("/v0.1/servers", "/registry/versions"):
+        lacking = {"Authorization": f"Bearer {idp.mint(aud=BASE, scope='mcp:admin')}"}
+        async with http.get(gw.base_url + path, headers=lacking) as r:
+            assert r.status == 403, path
+            assert r.headers["WWW-Authenticate"] == (
+                f'Bearer error="insufficient_scope", scope="mcp:read", resource_metadata="{WELL_KNOWN}"'
+            )
+        holding = {"Authorization": f"Bearer {idp.mint(aud=BASE, scope='mcp:read')}"}
+        async with http.get(gw.base_url + path, headers=holding) as r:
+            assert r.status == 200, path
+    assert auth_total(gw, "insufficient_scope") == 2
+
+
+async def test_two_authorization_headers_are_no_caller_whichever_comes_first(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, idp: FixtureIdp
+) -> None:
+    gw = await start_gateway(oauth_config(idp, public_up.url))
+    good, other = idp.mint(aud=resource("pub")), idp.mint(aud=resource("pub"), sub="someone-else")
+    body = json.dumps(rpc("tools/list"))
+    for first, second in ((good, other), (other, good)):
+        headers = CIMultiDict(mcp_headers("tools/list"))
+        headers.add("Authorization", f"Bearer {first}")
+        headers.add("Authorization", f"Bearer {second}")
+        async with http.post(gw.url("pub"), data=body, headers=headers) as r:
+            assert r.status == 401 and 'error="invalid_token"' in r.headers["WWW-Authenticate"]
+        async with http.get(gw.base_url + "/v0.1/servers", headers=headers) as r:
+            assert r.status == 401
+
+
 async def test_the_registry_routes_take_a_jwt_for_any_of_the_gateways_resources(
     start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, idp: FixtureIdp
 ) -> None:
@@ -251,3 +286,27 @@ async def test_every_mcp_route_authenticates_for_its_own_resource(
                 assert r.headers["WWW-Authenticate"] == (
                     f'Bearer realm="mcp-gateway", resource_metadata="{WELL_KNOWN}{name}"'
                 )
+
+
+async def test_a_listen_stream_ends_when_its_token_expires(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, changing_up: Upstream, idp: FixtureIdp
+) -> None:
+    gw = await start_gateway(oauth_config(idp, changing_up.url))
+    body = json.dumps(rpc("subscriptions/listen", notifications={"toolsListChanged": True}))
+    lasting, brief = idp.mint(aud=resource("pub")), idp.mint(aud=resource("pub"), expires_in_s=2)
+    streams = []
+    try:
+        for token in (lasting, brief):
+            headers = {**mcp_headers("subscriptions/listen"), "Authorization": f"Bearer {token}"}
+            resp = await http.post(gw.url("pub"), data=body, headers=headers)
+            assert resp.status == 200
+            streams.append(resp)
+        started = time.monotonic()
+        async with asyncio.timeout(15):
+            while await streams[1].content.readany():  # until the stream ends
+                pass
+        assert 1 <= time.monotonic() - started < 10
+        assert not streams[0].content.at_eof()  # the other caller's stream goes on
+    finally:
+        for resp in streams:
+            resp.close()

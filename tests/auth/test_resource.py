@@ -42,7 +42,11 @@ async def test_each_route_has_its_document_and_the_root_names_the_base(
             "scopes_supported": ["mcp:read"],
             "bearer_methods_supported": ["header"],
         }
-    for path in ("/servers/nope/mcp", "/servers/pub", "/elsewhere", "x"):
+    # Any upstream name has a document, configured or not: the metadata tells no unauthenticated
+    # caller which upstreams exist (a 401 on /servers/nope/mcp names this URL too).
+    status, document = await get(http, well_known + "/servers/nope/mcp")
+    assert (status, document["resource"]) == (200, resource("nope"))
+    for path in ("/servers/-bad/mcp", "/servers/pub", "/elsewhere", "x"):
         status, _ = await get(http, well_known + path)
         assert status == 404, path
 

@@ -35,6 +35,7 @@ def test_a_private_answer_never_outlives_the_token() -> None:
     k = key()
     entry = private.keep(k, ALICE, WALL + 5, 200, result(cacheScope="private"), 100)
     assert entry is not None and entry.expires_at == clock() + 5
+    assert entry.ttl_ms == 5_000  # what Cache-Status says was stored: the token's 5 s, not the answer's ttlMs
     clock.advance(5)
     assert store.get(PrivateAnswers.key(k, ALICE)) is None
     assert private.keep(k, BOB, WALL - 1, 200, result(cacheScope="private"), 100) is None

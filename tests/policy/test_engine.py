@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gateway.auth import Caller
 from gateway.config import PolicyConfig
 from gateway.errors import InsufficientScope, InvalidParams
@@ -53,8 +55,13 @@ def test_callers_with_the_same_rules_share_one_rights_and_a_context_is_remembere
     engine = policy()
     one = engine.rights(caller("mcp:read", context=b"a" * 32))
     assert engine.rights(caller("mcp:read", "unrelated")) is one
-    # The same context is the same token: its rights are not worked out again.
-    assert engine.rights(caller(context=b"a" * 32)) is one
+    # The same verified caller of a context is remembered; the token verified again (a new
+    # Caller: its scopes changed at the IdP) has its rights worked out again.
+    first = caller("mcp:read", context=b"b" * 32)
+    assert engine.rights(first) is one and engine._by_context[b"b" * 32] == (first, one)
+    assert engine.rights(first) is one
+    downgraded = engine.rights(caller(context=b"b" * 32))
+    assert downgraded is not one and not downgraded.allows("tools", "weather", "get_forecast")
     for n in range(MAX_MEMOIZED_CALLERS + 1):
         engine.rights(caller(context=n.to_bytes(32, "big")))
     assert len(engine._by_context) <= MAX_MEMOIZED_CALLERS
@@ -87,3 +94,23 @@ def test_a_denial_no_rule_would_lift_is_the_upstreams_unknown_name() -> None:
     assert resource.data == {"uri": "mcp-gateway:weather/secret://x"}
     assert str(engine.denial(caller(), "prompts", "billing", "p", 1)) == "Unknown prompt: p"
     assert isinstance(engine.denial(caller(), "prompts", "weather", "p", 1), InsufficientScope)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "notes://public/../secret",
+        "notes://public/./x",
+        "notes://public/a/..",
+        "notes://public/%2e%2e/secret",
+        "notes://public/%2E%2e/secret",
+        "notes://public/a%2Fb",
+        "notes://public/a%5c..",
+        "notes://public\\..\\secret",
+    ],
+)
+def test_a_uri_that_an_upstream_could_resolve_to_another_is_allowed_by_no_rule(uri: str) -> None:
+    rights = policy().rights(caller(groups=["notes"]))
+    assert rights.allows("resources", "notes", "notes://public/readme")
+    assert rights.allows("resources", "notes", "notes://public/v1.2/...x")  # dots that are no segment
+    assert not rights.allows("resources", "notes", uri)

@@ -10,8 +10,11 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from multidict import CIMultiDict
 
 from gateway.app import PROXY
+from gateway.protocol import parse_request
+from gateway.proxy.handler import uses
 
 from ..support import RunningGateway, StartGateway, mcp_headers, rpc, sse_events
 from ..support.fleet import Upstream, add_tool, bump_resource, fetch_counts, reset_counts
@@ -234,3 +237,10 @@ async def test_a_list_that_bypasses_the_cache_is_filtered_too(
     assert status == 200 and "fwd=bypass" in headers["Cache-Status"]
     assert [t["name"] for t in body["result"]["tools"]] == ["add", "echo"]
     assert body["result"]["cacheScope"] == "private"
+
+
+@pytest.mark.parametrize("method", ["resources/subscribe", "resources/unsubscribe"])
+def test_a_legacy_subscription_names_the_resource_a_rule_must_allow(method: str) -> None:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 3, "method": method, "params": {"uri": "notes://secret"}})
+    parsed = parse_request(body, CIMultiDict({"Content-Type": "application/json"}))
+    assert uses(parsed) == ("resources", "notes://secret")
