@@ -11,7 +11,7 @@
 //   clients register themselves. PKCE (S256) is required of every client.
 // - RFC 7662 introspection at /token/introspection, for a pre-registered confidential client
 //   (OIDC_INTROSPECTION_CLIENT_ID / OIDC_INTROSPECTION_CLIENT_SECRET, defaults below).
-// - No offline_access and no refresh tokens: `scopes` holds only openid, and issueRefreshToken
+// - No offline_access and no refresh tokens: `scopes` leaves it out, and issueRefreshToken
 //   says no. Being a custom helper, it also lets a client register the refresh_token grant type,
 //   as the SDK's clients do by default.
 // - An automated interaction, no human and no page: the login is the account named by the
@@ -61,7 +61,9 @@ function loopbackResource(indicator) {
 
 const configuration = {
   jwks: { keys: [signingKey] },
-  scopes: ['openid'],
+  // The resource scopes are listed too: a client registers the scopes it will ask for (RFC 7591
+  // section 2), and oidc-provider holds a registration's `scope` to this list.
+  scopes: ['openid', ...RESOURCE_SCOPES.split(' ')],
   responseTypes: ['code'],
   issueRefreshToken: async () => false,
   claims: { openid: ['sub'] },
@@ -134,7 +136,11 @@ async function interact(req, res) {
       ? await provider.Grant.find(details.grantId)
       : new provider.Grant({ accountId, clientId: params.client_id });
     const allowed = new Set(ACCOUNTS[accountId].scopes);
-    if (prompt.details.missingOIDCScope) grant.addOIDCScope(prompt.details.missingOIDCScope.join(' '));
+    const oidcScopes = prompt.details.missingOIDCScope ?? [];
+    const oidcGranted = oidcScopes.filter((s) => s === 'openid' || allowed.has(s));
+    const oidcRefused = oidcScopes.filter((s) => !oidcGranted.includes(s));
+    if (oidcGranted.length) grant.addOIDCScope(oidcGranted.join(' '));
+    if (oidcRefused.length) grant.rejectOIDCScope(oidcRefused.join(' '));
     for (const [indicator, scopes] of Object.entries(prompt.details.missingResourceScopes ?? {})) {
       const granted = scopes.filter((s) => allowed.has(s));
       const refused = scopes.filter((s) => !allowed.has(s));
