@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from .aggregate import ROUTE, Aggregate, ListenHub
-from .auth import bearer_matches
+from .auth import WELL_KNOWN, bearer_matches
+from .auth.routes import METADATA_ROUTE, metadata_response
 from .cache import Clock, Invalidation, MemoryStore, ReadThrough
 from .cluster import Cluster, Invalidator
 from .cluster.workers import WorkerBus
@@ -25,6 +26,7 @@ from .errors import BadGateway, GatewayError, GatewayTimeout, NotFound, Overload
 from .generation import AppParts, Generation, Live, build_generation
 from .protocol import KNOWN_METHODS
 from .proxy import HotProxy, Proxy
+from .proxy.cors import Cors
 from .registry import Registry
 from .reload import Reloader, track_upstream
 from .telemetry import GatewayMetrics
@@ -206,14 +208,20 @@ def create_app(
     # reload (the router is frozen once the app starts), and unknown names with the proxy's
     # JSON-RPC 404. Each handler reads the live proxy once. Names match UPSTREAM_NAME_PATTERN:
     # nothing in them needs escaping in a path.
+    cors = Cors(config.listener.allowed_origins, WELL_KNOWN)
+    preflight = _preflight_handler(live, cors)
     for name in config.upstreams:
         resource = app.router.add_resource(f"/servers/{name}/mcp")
         resource.add_route("POST", _post_handler(live, name))
         for method in ("GET", "DELETE"):
             resource.add_route(method, _stream_handler(live, name))
+        resource.add_route("OPTIONS", preflight)
     for method in ("GET", "DELETE"):
         app.router.add_route(method, "/servers/{name}/mcp", _stream_handler(live, None))
     app.router.add_post("/servers/{name}/mcp", _post_handler(live, None))
+    app.router.add_route("OPTIONS", "/servers/{name}/mcp", preflight)
+    if cors.origins:  # without allowed origins no hook: nothing on any answer
+        app.on_response_prepare.append(cors.on_prepare)
     # The routes that tell about the fleet get the MCP routes' DNS-rebinding checks too (a page
     # re-resolved to a loopback listener must not read the registry); health ones need none.
     guarded = functools.partial(_rebinding_checked, live)
@@ -233,6 +241,7 @@ def create_app(
         app.on_shutdown.append(end_listen_streams)
         app.on_cleanup.append(end_part_fetches)
         app.router.add_post(ROUTE, _live_view(live, lambda g: _aggregate_of(g).handle_post))
+        app.router.add_route("OPTIONS", ROUTE, preflight)
         app.router.add_route("*", ROUTE, _live_view(live, lambda g: _aggregate_of(g).handle_other))  # others: 405
     else:
         app.router.add_route("*", ROUTE, _no_aggregate)
@@ -242,6 +251,8 @@ def create_app(
         "/v0.1/servers/{name:.+}/versions/{version}", guarded(_live_view(live, lambda g: g.views.server_version))
     )
     app.router.add_get("/registry/versions", guarded(_live_view(live, lambda g: g.views.versions)))
+    app.router.add_get(METADATA_ROUTE, guarded(_metadata_handler(live)))
+    app.router.add_route("OPTIONS", METADATA_ROUTE, preflight)
     if config.admin is not None:
         app.router.add_post("/admin/cache/purge", guarded(_purge))
         app.router.add_post("/admin/reload", guarded(_reload))
@@ -285,6 +296,33 @@ def _stream_handler(live: Live, name: str | None) -> Handler:
         return await proxy.pipeline.serve(proxy.streams, request, request.match_info["name"] if name is None else name)
 
     return stream
+
+
+def _preflight_handler(live: Live, cors: Cors) -> Handler:
+    """``OPTIONS`` on the MCP and metadata routes: a CORS preflight (:mod:`gateway.proxy.cors`),
+    after the ``Host`` and ``Origin`` checks (421, 403); without an ``Origin``, the methods served."""
+
+    async def preflight(request: web.Request) -> web.StreamResponse:
+        pipeline = live.proxy.pipeline
+        try:
+            pipeline.check_host(request)
+            pipeline.check_origin(request)
+        except GatewayError as err:
+            return error_response(err)
+        if hdrs.ORIGIN not in request.headers:
+            return web.Response(status=204, headers={"Allow": "POST, GET, DELETE, OPTIONS"})
+        return cors.preflight(request)
+
+    return preflight
+
+
+def _metadata_handler(live: Live) -> Handler:
+    """``GET /.well-known/oauth-protected-resource[/PATH]`` of the live config (RFC 9728)."""
+
+    async def metadata(request: web.Request) -> web.StreamResponse:
+        return metadata_response(live.proxy.pipeline.authenticator.resources, request.match_info["tail"])
+
+    return metadata
 
 
 def _live_view(live: Live, pick: Callable[[Generation], Handler]) -> Handler:

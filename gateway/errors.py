@@ -13,7 +13,7 @@ The tree is flat on purpose: one base class, one subclass per (code, status) pai
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from aiohttp import web
@@ -26,6 +26,7 @@ __all__ = [
     "GatewayError",
     "GatewayTimeout",
     "HeaderMismatch",
+    "InsufficientScope",
     "InvalidParams",
     "InvalidRequest",
     "Misdirected",
@@ -121,20 +122,36 @@ class NotFound(GatewayError):
 
 
 class Unauthorized(GatewayError):
-    """A missing or wrong bearer token (HTTP 401 with ``WWW-Authenticate: Bearer``, RFC 6750 §3).
+    """A missing, invalid or expired bearer token (HTTP 401 with ``WWW-Authenticate: Bearer``,
+    RFC 6750 §3).
 
     The one 401 of the gateway: the MCP routes, the registry routes and the admin routes all
-    answer it, each naming its realm.
+    answer it, each naming its realm. ``resource_metadata``: the called route's protected
+    resource metadata URL (RFC 9728, 5.1; MCP 2026-07-28, basic/authorization, 'Protected
+    Resource Metadata Discovery Requirements'); ``invalid_token``: a token was presented and
+    refused (RFC 6750, 3.1: without a token the challenge carries no error code).
     """
 
     code = -32600
     status = 401
 
-    def __init__(self, *, request_id: object = None, realm: str = REALM) -> None:
+    def __init__(
+        self,
+        *,
+        request_id: object = None,
+        realm: str = REALM,
+        resource_metadata: str | None = None,
+        invalid_token: bool = False,
+    ) -> None:
+        challenge = f'Bearer realm="{realm}"'
+        if resource_metadata is not None:
+            challenge += f', resource_metadata="{resource_metadata}"'
+        if invalid_token:
+            challenge += ', error="invalid_token"'
         super().__init__(
             "Unauthorized: a valid bearer token is required",
             request_id=request_id,
-            headers={"WWW-Authenticate": f'Bearer realm="{realm}"'},
+            headers={"WWW-Authenticate": challenge},
         )
 
 
@@ -144,6 +161,31 @@ class Forbidden(GatewayError):
 
     code = -32600
     status = 403
+
+
+class InsufficientScope(GatewayError):
+    """The caller's token lacks scopes the operation needs (HTTP 403 with ``WWW-Authenticate:
+    Bearer error="insufficient_scope", scope="..."``; RFC 6750 §3.1; MCP 2026-07-28,
+    basic/authorization, 'Scope Challenge Handling'). ``scopes``: every scope the operation
+    needs, at once (the client asks for them all in one authorization). The route adds the
+    challenge's ``resource_metadata`` (it knows its own metadata URL)."""
+
+    code = -32600
+    status = 403
+
+    def __init__(self, scopes: Sequence[str], *, request_id: object = None, message: str | None = None) -> None:
+        self.scopes = tuple(scopes)
+        super().__init__(
+            message or f"Forbidden: this needs the scopes {' '.join(self.scopes)}",
+            request_id=request_id,
+            headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{" ".join(self.scopes)}"'},
+        )
+
+    def add_resource_metadata(self, url: str | None) -> None:
+        """Name the route's metadata URL in the challenge (once; the pipeline does it as it answers)."""
+        challenge = self.headers["WWW-Authenticate"]
+        if url is not None and "resource_metadata=" not in challenge:
+            self.headers["WWW-Authenticate"] = f'{challenge}, resource_metadata="{url}"'
 
 
 class Misdirected(GatewayError):

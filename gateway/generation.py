@@ -49,6 +49,10 @@ class AppParts:
     cluster: Cluster | None = None
     session: aiohttp.ClientSession | None = None
 
+    def client(self) -> aiohttp.ClientSession | None:
+        """The client session while the app runs (:data:`~gateway.auth.SessionSource`)."""
+        return self.session
+
 
 @dataclass
 class Generation:
@@ -94,11 +98,19 @@ def build_generation(
     one shares). Reads the registry's state as it is now: build after the registry's reload."""
     if previous is None:
         readthrough = parts.readthrough
-        proxy = parts.proxy_class(config, upstreams, readthrough, parts.metrics, on_success=parts.registry.observe)
+        proxy = parts.proxy_class(
+            config, upstreams, readthrough, parts.metrics, on_success=parts.registry.observe, session=parts.client
+        )
     else:
         readthrough = parts.readthrough.retuned(config)
         proxy = parts.proxy_class(
-            config, upstreams, readthrough, parts.metrics, on_success=parts.registry.observe, previous=previous.proxy
+            config,
+            upstreams,
+            readthrough,
+            parts.metrics,
+            on_success=parts.registry.observe,
+            previous=previous.proxy,
+            session=parts.client,
         )
     listing: AggregateListing | None = None  # POST /mcp in /v0.1/servers
     aggregate: Aggregate | None = None
@@ -113,16 +125,24 @@ def build_generation(
         )
         listing = AggregateListing(ROUTE, aggregate.members, aggregate.names.separator, aggregate.active)
     identities = parts.cluster.identities if parts.cluster is not None else None
-    views = RegistryViews(config, parts.registry.state, listing, identities)
+    views = RegistryViews(
+        config,
+        parts.registry.state,
+        listing,
+        identities,
+        authenticator=proxy.pipeline.authenticator,
+        metrics=parts.metrics,
+    )
     return Generation(config, sha256, upstreams, proxy, views, metrics_view(config, parts.exposition), aggregate)
 
 
 def metrics_view(config: GatewayConfig, exposition: Handler) -> Handler:
     """``GET /metrics``: with ``[auth]``, only for a bearer token of ``auth.metrics_tokens`` (or,
-    when that is empty, of ``auth.tokens``): the metrics name every configured upstream."""
+    when that is empty, of ``auth.tokens`` and ``[[auth.static]]``): the metrics name every configured upstream."""
     if config.auth is None:
         return exposition
-    tokens = tuple(t.encode() for t in (config.auth.metrics_tokens or config.auth.tokens))
+    caller_tokens = (*config.auth.tokens, *(s.token for s in config.auth.static))
+    tokens = tuple(t.encode() for t in (config.auth.metrics_tokens or caller_tokens))
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         if not bearer_matches(request.headers.get("Authorization"), tokens):

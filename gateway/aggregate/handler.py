@@ -130,7 +130,7 @@ class Aggregate:
             request.headers.get(H_METHOD) == "subscriptions/listen"
             and (request.content_length or 0) > MAX_LISTEN_BODY_BYTES
         ):
-            self.pipeline.authenticate(request, None)
+            self.pipeline.authenticate(ex, None)
             raise _listen_too_large(None)
 
     def resolve(self, ex: Exchange, request_id: object) -> None:

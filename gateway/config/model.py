@@ -10,8 +10,11 @@ from collections.abc import Mapping
 from typing import Annotated, Final
 from urllib.parse import parse_qsl, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken
+from .base import _Model
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -20,8 +23,12 @@ __all__ = [
     "CacheConfig",
     "ClusterConfig",
     "GatewayConfig",
+    "IntrospectionConfig",
+    "JwtConfig",
     "ListenerConfig",
     "RegistryConfig",
+    "ResourceConfig",
+    "StaticToken",
     "UpstreamConfig",
 ]
 
@@ -59,10 +66,6 @@ MIN_CLUSTER_SECRET_BYTES: Final = 16
 UPSTREAM_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 #: What ``/v0.1/servers`` calls ``POST /mcp`` (after the namespace); no upstream may have it then.
 AGGREGATE_SERVER_NAME: Final = "aggregate"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ListenerConfig(_Model):
@@ -121,18 +124,6 @@ class CacheConfig(_Model):
         False,
         description="Fetch an entry again in the background when it is asked for in the last part of its "
         "lifetime (default for every upstream).",
-    )
-
-
-class AuthConfig(_Model):
-    """Downstream authentication: callers must present one of these bearer tokens."""
-
-    tokens: tuple[Annotated[str, Field(min_length=16)], ...] = Field(
-        min_length=1, description="Accepted bearer tokens (use ${ENV} references, at least 16 characters)."
-    )
-    metrics_tokens: tuple[Annotated[str, Field(min_length=16)], ...] = Field(
-        (),
-        description="Bearer tokens for GET /metrics (a scraper's own); empty: the caller tokens above.",
     )
 
 
@@ -473,6 +464,8 @@ class GatewayConfig(_Model):
                     f"upstreams {', '.join(bad)}: forward_authorization cannot be used with [auth] "
                     "(the gateway's own token would be forwarded)"
                 )
+            base = self.registry.public_base_url
+            self.auth.check_resource(None if base is None else str(base))
         return self
 
     def vary_on_capabilities(self, upstream: str) -> bool:

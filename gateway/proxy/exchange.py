@@ -16,6 +16,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING, Final
 
+from ..auth import ANONYMOUS, Caller, Verdict
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -63,7 +65,8 @@ class Exchange:
 
     Set on the way in: ``request``, ``upstream_name`` (from the route; may name no upstream),
     ``upstream`` (once found), ``body`` (the raw request body, forwarded as it is), ``parsed``,
-    ``key`` (the cache key, ``None`` when the cache is bypassed).
+    ``key`` (the cache key, ``None`` when the cache is bypassed), ``caller`` (who is calling,
+    :class:`~gateway.auth.Caller`; anonymous until authenticated).
 
     On the way: ``lead``, the read-through's handle of this request's fetch (a cache miss), which
     keeps the answer (:meth:`~gateway.cache.Lead.keep`).
@@ -101,6 +104,14 @@ class Exchange:
     large: bool = False
     #: The ``Mcp-Name`` to send upstream in place of the caller's (``POST /mcp`` rewrites names).
     mcp_name: str | None = None
+    #: Who is calling, once authenticated (the pipeline's second step).
+    caller: Caller = ANONYMOUS
+    #: What the caller's token proved, found before the body is read when finding it may await
+    #: (a token not seen before); ``None``: :meth:`Pipeline.authenticate` looks it up itself.
+    verdict: Verdict | None = None
+    #: The ``outcome`` of ``mcp_gateway_auth_total`` for this request (the last one set wins:
+    #: a policy refusal after ``ok`` counts as ``denied``); ``None`` without ``[auth]``.
+    auth_outcome: str | None = None
 
     def __init__(self, request: web.Request, upstream_name: str) -> None:
         self.request = request

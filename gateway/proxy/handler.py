@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
+from ..auth import SessionSource
 from ..cache import Answer, Cached, CacheEntry, CacheKey, CacheLookup, ReadThrough, make_key
 from ..cache.readthrough import COALESCED, HIT, SHARED
 from ..codec import id_json
@@ -42,7 +43,8 @@ class Proxy:
     cache (``readthrough.store``) and the shared tier behind it. ``on_success(upstream,
     protocol_version)`` hears every modern request an upstream answered with a result.
     ``previous``: the proxy of the config before a reload, whose caller writer, journal and
-    relayed streams this one shares.
+    relayed streams this one shares; ``session`` gives the app's client session (for the
+    identity provider, :class:`~gateway.auth.Authenticator`).
     """
 
     reads_body = True
@@ -56,6 +58,7 @@ class Proxy:
         on_success: Callable[[str, str], None] | None = None,
         *,
         previous: Proxy | None = None,
+        session: SessionSource | None = None,
     ) -> None:
         self.upstreams = upstreams
         self.readthrough = readthrough
@@ -67,10 +70,10 @@ class Proxy:
                 QueueBudget(config.listener.max_queued_bytes),
                 lambda reason: metrics.callers_dropped.labels(reason).inc(),
             )
-            self.pipeline = Pipeline(config, metrics, writer)
+            self.pipeline = Pipeline(config, metrics, writer, session=session)
         else:  # the listener's (not reloaded): one queue budget and one journal for the app
             writer = previous.pipeline.writer
-            self.pipeline = Pipeline(config, metrics, writer, previous.pipeline.journal)
+            self.pipeline = Pipeline(config, metrics, writer, previous.pipeline.journal, session=session)
         self.forwarder: Forwarder = Forwarder(
             config, readthrough, metrics, writer, on_success, previous=None if previous is None else previous.forwarder
         )

@@ -32,11 +32,12 @@ from typing import Protocol
 from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..auth import bearer_matches
+from ..auth import INVALID, Authenticator, SessionSource, bearer_token
 from ..config import GatewayConfig
 from ..errors import (
     Forbidden,
     GatewayError,
+    InsufficientScope,
     Misdirected,
     ParseError,
     PayloadTooLarge,
@@ -96,7 +97,8 @@ def sockname(request: web.Request) -> object:
 class Pipeline:
     """The steps every MCP route shares (see the module), for ``config``'s listener and
     ``[auth]``; ``writer`` writes large answers, ``metrics`` receives the records (through
-    ``journal``, a new one by default)."""
+    ``journal``, a new one by default); ``session`` gives the gateway's client session, for the
+    identity provider (JWKS, introspection)."""
 
     def __init__(
         self,
@@ -104,12 +106,15 @@ class Pipeline:
         metrics: GatewayMetrics,
         writer: CallerWriter,
         journal: RequestJournal | None = None,
+        session: SessionSource | None = None,
     ) -> None:
         self.writer = writer
         # One journal an app (``journal``: the one of the pipeline before a reload): it alone
         # drains the records into the metrics before a scrape.
-        self.journal = RequestJournal(metrics.request_metrics, access_log) if journal is None else journal
-        self.tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
+        self.journal = RequestJournal(metrics.request_metrics, access_log, metrics.auth) if journal is None else journal
+        #: Who callers are (every route of this config: the registry routes share it).
+        self.authenticator = Authenticator(config, session)
+        self.verifies = self.authenticator.verifies
         public_base_url = config.registry.public_base_url
         self.origin_policy = OriginPolicy(
             config.listener.host,
@@ -132,6 +137,14 @@ class Pipeline:
         try:
             self.check_host(request)
             self.check_origin(request)
+            if self.verifies:
+                # A token not seen before is verified here, the one await of authentication
+                # (a remembered or static token costs none); authenticate reads the verdict.
+                token = bearer_token(request.headers.get(hdrs.AUTHORIZATION))
+                verdict = self.authenticator.known(token)
+                if verdict is None and token is not None:
+                    verdict = await self.authenticator.verify(token)
+                ex.verdict = verdict
             parsed: ParsedRequest | None = None
             if route.reads_body:
                 route.admit(ex)
@@ -140,7 +153,7 @@ class Pipeline:
                     if body is None:
                         body = await self.read_body(request)
                 except GatewayError:  # too large, too slow, undecodable: told once authenticated
-                    self.authenticate(request, None)
+                    self.authenticate(ex, None)
                     route.resolve(ex, None)
                     raise
                 ex.body = body
@@ -148,7 +161,7 @@ class Pipeline:
             else:
                 ex.method = request.method
             request_id = None if parsed is None else parsed.request_id
-            self.authenticate(request, request_id)
+            self.authenticate(ex, request_id)
             route.resolve(ex, request_id)
             response = route.look_up(ex, parsed)
             if response is None:
@@ -238,7 +251,7 @@ class Pipeline:
         try:
             parsed = parse_request(body, ex.request.headers)
         except GatewayError as err:
-            self.authenticate(ex.request, err.request_id)
+            self.authenticate(ex, err.request_id)
             route.resolve(ex, err.request_id)
             raise
         ex.parsed = parsed
@@ -247,11 +260,43 @@ class Pipeline:
 
     # -- authenticate -------------------------------------------------------------------------
 
-    def authenticate(self, request: web.Request, request_id: object) -> None:
-        """Raises :class:`Unauthorized` (HTTP 401) unless the caller presents one of
-        ``[auth].tokens`` (always passes without ``[auth]``)."""
-        if self.tokens and not bearer_matches(request.headers.get(hdrs.AUTHORIZATION), self.tokens):
-            raise Unauthorized(request_id=request_id)
+    def authenticate(self, ex: Exchange, request_id: object) -> None:
+        """Set ``ex.caller`` (:class:`~gateway.auth.Caller`) to the caller the request's bearer
+        token stands for (without ``[auth]``, :data:`~gateway.auth.ANONYMOUS`): a static token,
+        or a JWT or introspected token whose audience is this route's resource URI (RFC 8707;
+        MCP 2026-07-28, basic/authorization, 'Token Handling'). No await: a token not seen
+        before was verified by :meth:`serve` (``ex.verdict``).
+
+        Raises:
+            Unauthorized: no token, or one that is invalid, expired or for another resource
+                (HTTP 401; the challenge names this route's metadata URL, RFC 9728, 5.1).
+            InsufficientScope: the caller lacks ``required_scopes`` (HTTP 403).
+        """
+        auth = self.authenticator
+        if not auth.enabled:
+            return
+        verdict = ex.verdict
+        if verdict is None:
+            verdict = auth.known(bearer_token(ex.request.headers.get(hdrs.AUTHORIZATION))) or INVALID
+        resources = auth.resources
+        caller = verdict.caller
+        if caller is None or not verdict.accepts(resources.uri(ex.upstream_name)):
+            ex.auth_outcome = verdict.outcome if caller is None else "invalid"
+            raise Unauthorized(
+                request_id=request_id,
+                resource_metadata=resources.metadata_url(ex.upstream_name),
+                invalid_token=verdict.outcome != "missing",
+            )
+        required = auth.required_scopes
+        if required and not required <= caller.scopes:
+            ex.auth_outcome = "insufficient_scope"
+            raise InsufficientScope(sorted(required), request_id=request_id)
+        ex.caller = caller
+        ex.auth_outcome = "ok"
+
+    def count_denied(self, ex: Exchange) -> None:
+        """Count the request as ``denied`` in ``mcp_gateway_auth_total`` (a policy refused it)."""
+        ex.auth_outcome = "denied"
 
     # -- answer -------------------------------------------------------------------------------
 
@@ -283,6 +328,11 @@ class Pipeline:
     def error(self, ex: Exchange, err: GatewayError) -> web.Response:
         """The gateway's own error answer (``detail=rejected`` unless the request was forwarded)."""
         ex.error_code = err.code
+        if isinstance(err, InsufficientScope):
+            # Raised here or by a policy step: the challenge names this route's metadata URL.
+            err.add_resource_metadata(self.authenticator.resources.metadata_url(ex.upstream_name))
+            if ex.auth_outcome != "denied" and self.authenticator.enabled:
+                ex.auth_outcome = "insufficient_scope"
         if ex.fwd is None and ex.hit is None:
             ex.detail = "rejected"
         return error_response(err, ex.cache_status())
@@ -316,5 +366,7 @@ class Pipeline:
                 lookup,
                 ended,
                 ex.upstream_seconds,
+                ex.caller.subject,
+                ex.auth_outcome,
             )
         )

@@ -12,9 +12,10 @@ import orjson
 from aiohttp import web
 
 from .. import __version__
-from ..auth import bearer_matches
+from ..auth import ANONYMOUS, Authenticator, Caller, bearer_token
 from ..config import AGGREGATE_SERVER_NAME, GatewayConfig
 from ..errors import Unauthorized, error_response
+from ..telemetry import GatewayMetrics
 from .state import RegistryState, UpstreamState, newest_first
 
 __all__ = ["AGGREGATE_NAME", "LIVE_META_KEY", "AggregateListing", "RegistryViews"]
@@ -74,6 +75,9 @@ class RegistryViews:
         state: RegistryState,
         aggregate: AggregateListing | None = None,
         identities: Mapping[str, str] | None = None,
+        *,
+        authenticator: Authenticator | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.config = config
         self.state = state
@@ -83,14 +87,33 @@ class RegistryViews:
         settings = config.registry
         self.namespace = settings.server_namespace
         self.base_url = str(settings.public_base_url).rstrip("/") if settings.public_base_url else None
-        self._tokens = tuple(t.encode() for t in config.auth.tokens) if config.auth else ()
+        #: Who callers are: the MCP routes' (a JWT for any of the gateway's resources is accepted here).
+        self.authenticator = authenticator if authenticator is not None else Authenticator(config)
+        self._auth_total = None if metrics is None else metrics.auth
 
-    def _denied(self, request: web.Request) -> web.Response | None:
-        if not self._tokens:
-            return None
-        if bearer_matches(request.headers.get("Authorization"), self._tokens):
-            return None
-        return error_response(Unauthorized())
+    async def identify(self, request: web.Request) -> Caller | web.Response:
+        """The caller of a registry request, or the 401 to answer: with ``[auth]``, a static
+        token or a verified token for any of the gateway's resource URIs (or ``audiences``)."""
+        auth = self.authenticator
+        if not auth.enabled:
+            return ANONYMOUS
+        token = bearer_token(request.headers.get("Authorization"))
+        verdict = await auth.caller(token)
+        ok = auth.accepts_anywhere(verdict)
+        if self._auth_total is not None:
+            self._auth_total.labels("ok" if ok else verdict.outcome if verdict.caller is None else "invalid").inc()
+        if ok and verdict.caller is not None:
+            return verdict.caller
+        return error_response(
+            Unauthorized(
+                resource_metadata=auth.resources.root_metadata_url if auth.resources.published else None,
+                invalid_token=verdict.outcome != "missing",
+            )
+        )
+
+    async def _denied(self, request: web.Request) -> web.Response | None:
+        caller = await self.identify(request)
+        return caller if isinstance(caller, web.Response) else None
 
     def _base(self, request: web.Request) -> str:
         return self.base_url or str(request.url.origin())
@@ -112,9 +135,9 @@ class RegistryViews:
         state = self.state.upstreams.get(name)
         return None if state is None else self.entry(state, base)
 
-    def _named_entry(self, request: web.Request) -> dict[str, Any] | web.Response:
+    async def _named_entry(self, request: web.Request) -> dict[str, Any] | web.Response:
         """The entry of the server named in the path, or the 401/404 to answer instead."""
-        if (denied := self._denied(request)) is not None:
+        if (denied := await self._denied(request)) is not None:
             return denied
         name = request.match_info["name"]
         prefix = f"{self.namespace}/"
@@ -211,7 +234,7 @@ class RegistryViews:
         """``GET /v0.1/servers?cursor=&limit=&search=&version=``; ``cursor`` is the last name of
         the previous page (opaque to callers), ``limit`` 1-100 (default 30), ``search`` a
         case-insensitive substring of the name, ``version`` ``latest`` or an exact version."""
-        if (denied := self._denied(request)) is not None:
+        if (denied := await self._denied(request)) is not None:
             return denied
         raw_limit = request.query.get("limit", str(DEFAULT_PAGE_LIMIT))
         try:
@@ -242,14 +265,14 @@ class RegistryViews:
 
     async def server_versions(self, request: web.Request) -> web.Response:
         """``GET /v0.1/servers/{name}/versions``: a ``ServerList`` of the one live version."""
-        entry = self._named_entry(request)
+        entry = await self._named_entry(request)
         if isinstance(entry, web.Response):
             return entry
         return _json({"servers": [entry], "metadata": {"count": 1}})
 
     async def server_version(self, request: web.Request) -> web.Response:
         """``GET /v0.1/servers/{name}/versions/{version}``: ``latest`` or the live version; 404 JSON otherwise."""
-        entry = self._named_entry(request)
+        entry = await self._named_entry(request)
         if isinstance(entry, web.Response):
             return entry
         if request.match_info["version"] not in ("latest", entry["server"]["version"]):
@@ -258,7 +281,7 @@ class RegistryViews:
 
     async def versions(self, request: web.Request) -> web.Response:
         """``GET /registry/versions``: see :meth:`RegistryState.aggregate`."""
-        if (denied := self._denied(request)) is not None:
+        if (denied := await self._denied(request)) is not None:
             return denied
         document = self.state.aggregate()
         for name, one in document["upstreams"].items():

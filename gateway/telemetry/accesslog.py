@@ -39,9 +39,9 @@ _RECORD_ATTRS: Final = frozenset(logging.LogRecord("", 0, "", 0, "", (), None)._
 
 def request_fields(record: RequestRecord) -> dict[str, Any]:
     """The access log's fields of a request: ``upstream``, ``method``, ``http_method``,
-    ``status``, ``jsonrpc_error``, ``cache``, ``cache_status`` and ``duration_ms`` (milliseconds,
-    three decimals)."""
-    return {
+    ``status``, ``jsonrpc_error``, ``cache``, ``cache_status``, ``subject`` (who called, when
+    known: never a token) and ``duration_ms`` (milliseconds, three decimals)."""
+    fields: dict[str, Any] = {
         "upstream": record.upstream,
         "method": record.method,
         "http_method": record.http_method,
@@ -49,8 +49,11 @@ def request_fields(record: RequestRecord) -> dict[str, Any]:
         "jsonrpc_error": record.jsonrpc_error,
         "cache": record.cache,
         "cache_status": record.cache_status,
-        "duration_ms": round(record.seconds * 1000, 3),
     }
+    if record.subject is not None:
+        fields["subject"] = record.subject
+    fields["duration_ms"] = round(record.seconds * 1000, 3)
+    return fields
 
 
 class AccessLogHandler(logging.Handler):
@@ -111,6 +114,9 @@ class AccessLogHandler(logging.Handler):
         ms = (created - second) * 1000  # floored as %d floors it, at most 999 as in _asctime
         millis = _MILLIS[int(ms) if ms < 999.0 else 999]
         duration = "%.3f" % (record.seconds * 1000)  # _milliseconds, inlined
+        subject = record.subject
+        if subject is not None:  # not part of the kind: subjects are many
+            fields = f'{fields}"subject":{orjson.dumps(subject).decode()},'
         return f'{{"asctime":"{self._stamp},{millis}",{fields}"duration_ms":{duration}}}'
         # ✂
 
@@ -118,7 +124,14 @@ class AccessLogHandler(logging.Handler):
         """The JSON text between asctime and ``duration_ms`` of ``record``'s kind, remembered (at
         most 4096 kinds: a kind's values come from config and fixed sets, but Cache-Status holds
         a ttl)."""
-        text = orjson.dumps({"level": "INFO", "name": ACCESS_LOGGER, "message": "request", **request_fields(record)})
+        text = orjson.dumps(
+            {
+                "level": "INFO",
+                "name": ACCESS_LOGGER,
+                "message": "request",
+                **request_fields(record._replace(subject=None)),
+            }
+        )
         fields = text.decode()[1:].rsplit('"duration_ms":', 1)[0]
         if len(self._kinds) >= 4096:
             self._kinds.clear()

@@ -16,11 +16,15 @@ few tight loops. Single-threaded: add from the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import sys
 import time
+from operator import attrgetter
 from typing import Final
+
+from prometheus_client import Counter
 
 from .accesslog import direct_handler, request_fields
 from .metrics import RequestMetrics
@@ -35,14 +39,17 @@ BATCH_RECORDS: Final = 256
 
 
 _INFO: Final = logging.INFO
+_AUTH: Final = attrgetter("auth")
 
 
 class RequestJournal:
     """Collects request records and hands them on in batches (see the module)."""
 
-    def __init__(self, metrics: RequestMetrics, logger: logging.Logger) -> None:
+    def __init__(self, metrics: RequestMetrics, logger: logging.Logger, auth: Counter | None = None) -> None:
         self._records: list[RequestRecord] = []
         self._metrics = metrics
+        #: ``mcp_gateway_auth_total``, added up from the records' ``auth`` once a batch.
+        self._auth = auth
         self._logger = logger
         self._scheduled: asyncio.TimerHandle | None = None
         metrics.before_collect = self.drain
@@ -68,6 +75,10 @@ class RequestJournal:
         if not batch:
             return
         self._metrics.add(batch)
+        if self._auth is not None:
+            for outcome, count in collections.Counter(map(_AUTH, batch)).items():
+                if outcome is not None:
+                    self._auth.labels(outcome).inc(count)
         logger = self._logger
         if not logger.isEnabledFor(_INFO):
             return

@@ -355,6 +355,14 @@ class GatewayMetrics:
             registry=own,
             multiprocess_mode="livemax",
         )
+        self.auth = Counter(
+            "auth",
+            "Caller authentications on the MCP and registry routes, by outcome: ok, missing (no bearer token), "
+            "invalid, expired, insufficient_scope (lacks required scopes) or denied (refused by a policy rule).",
+            ["outcome"],
+            namespace=ns,
+            registry=own,
+        )
         self.config_reloads = Counter(
             "config_reloads",
             "Config reloads (SIGHUP, POST /admin/reload), by outcome: ok, or failed (nothing changed: the "

@@ -37,3 +37,7 @@ class RequestRecord(NamedTuple):
     ended: float
     #: Time the upstream took, in seconds; ``None`` if it was not asked.
     upstream_seconds: float | None
+    #: Who called (``Caller.subject``: ``sub``, or a static token's ``subject``), never a token.
+    subject: str | None = None
+    #: ``outcome`` of ``mcp_gateway_auth_total`` (``gateway.auth.AUTH_OUTCOMES``); ``None`` without ``[auth]``.
+    auth: str | None = None

@@ -291,7 +291,9 @@ async def test_with_auth_no_token_is_401_before_anything_else(
             reply = await post(http, agg_url(gw), body, {**mcp_headers("tools/list"), **auth})
             assert reply.status == 401, (body, auth, reply.raw)
             assert reply.error["code"] == -32600
-            assert reply.headers.get("WWW-Authenticate") == 'Bearer realm="mcp-gateway"'
+            # RFC 6750, 3.1: a bearer token that was presented and refused is an invalid_token.
+            presented = ', error="invalid_token"' if auth.get("Authorization", "").startswith("Bearer ") else ""
+            assert reply.headers.get("WWW-Authenticate") == f'Bearer realm="mcp-gateway"{presented}'
     await nothing_asked(public_up)
     ok = await agg(http, gw, "tools/list", headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status == 200, ok.raw

@@ -642,7 +642,7 @@ async def test_configured_upstreams_have_exact_routes_and_other_names_the_patter
     assert await jsonrpc_error(resp) == (404, -32601, 2)
     for name in ("up", "nope"):
         resp = await env.client.put(f"/servers/{name}/mcp")
-        assert resp.status == 405 and set(resp.headers["Allow"].split(",")) == {"DELETE", "GET", "POST"}
+        assert resp.status == 405 and set(resp.headers["Allow"].split(",")) == {"DELETE", "GET", "OPTIONS", "POST"}
 
 
 async def test_callers_without_a_token_cannot_probe_upstream_names(make_env: Any) -> None:

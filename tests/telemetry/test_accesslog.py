@@ -214,6 +214,7 @@ _records = st.builds(
     lookup=st.none() | st.sampled_from(["hit", "miss", "coalesced", "bypass"]),
     ended=st.just(0.0),
     upstream_seconds=st.none() | st.floats(0, 100),
+    subject=st.none() | _texts,
 )
 
 
