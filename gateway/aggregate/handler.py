@@ -22,6 +22,7 @@ methods are -32601 (HTTP 404).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -41,6 +42,7 @@ from ..errors import (
     UnsupportedProtocolVersion,
 )
 from ..jsonrpc import error_code, result_message
+from ..policy import LIST_ITEMS, Kind, Rights
 from ..protocol import (
     H_METHOD,
     MODERN_VERSIONS,
@@ -50,7 +52,7 @@ from ..protocol import (
 from ..proxy.exchange import LARGE_BODY_BYTES, Exchange, Forwarded, hit_status
 from ..registry import RegistryState
 from ..telemetry import GatewayMetrics
-from .compose import LIST_FIELDS, ComposedEntry, Part, discover_result, hints, page_of
+from .compose import LIST_FIELDS, ComposedEntry, MemberList, Part, discover_result, hints, page_of
 from .fleet import Fleet
 from .listen import FLAGS, ListenHub
 from .members import MemberCollector
@@ -110,6 +112,13 @@ class Aggregate:
         """The members served now: legacy-era members are left out (they have no ``_meta``)."""
         return [m for m in self.members if self.state.upstreams[m].era != "legacy"]
 
+    @staticmethod
+    def visible(ex: Exchange, members: list[str]) -> list[str]:
+        """Those of ``members`` the caller may see (per-caller policy: a member no rule allows
+        is no member for it)."""
+        rights = ex.rights
+        return members if rights is None else [m for m in members if rights.allows_upstream(m)]
+
     # -- entry points -------------------------------------------------------------------------
 
     async def handle_post(self, request: web.Request) -> web.StreamResponse:
@@ -138,6 +147,9 @@ class Aggregate:
 
     def label(self, ex: Exchange) -> str:
         return ROUTE
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """What a call names is authorized once its member is known (:meth:`call`)."""
 
     def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
         """Composed answers are looked up as they are composed (:meth:`answer`)."""
@@ -190,7 +202,7 @@ class Aggregate:
             path = ("params", field)
             exposed = params.get(field)
         target = self.names.resolve_uri(exposed) if field == "uri" else self.names.resolve(exposed)
-        if target is None or target[0] not in self.active():
+        if target is None or target[0] not in self.visible(ex, self.active()):
             raise InvalidParams(
                 f"Invalid params: {field} {quoted(exposed)} names nothing served on /mcp",
                 request_id=parsed.request_id,
@@ -198,6 +210,10 @@ class Aggregate:
                 data={"uri": exposed} if field == "uri" and type(exposed) is str else None,
             )
         member, own = target
+        if ex.rights is not None:
+            kind: Kind = "resources" if field == "uri" else "prompts" if method != "tools/call" else "tools"
+            if not ex.rights.allows(kind, member, own):
+                raise self.pipeline.denied(ex, kind, member, own, parsed.request_id, shown=exposed)
         if method == "resources/read":
             return await self.read(ex, parsed, member, own)
         if method == "completion/complete":
@@ -283,7 +299,7 @@ class Aggregate:
             raise _listen_too_large(parsed.request_id)
         offered: set[str] = set()
         if self.listening:
-            for name in self.active():
+            for name in self.visible(ex, self.active()):
                 caps = self.state.upstreams[name].capabilities
                 if caps is None:
                     offered.update(FLAGS)
@@ -294,7 +310,8 @@ class Aggregate:
                         offered.add(flag)
         ex.detail = "listen"
         requested = (parsed.params or {}).get("notifications")
-        return await self.hub.serve(ex.request, parsed.request_id, requested, offered, ex.cache_status())
+        members = None if ex.rights is None else self.visible(ex, list(self.members))
+        return await self.hub.serve(ex.request, parsed.request_id, requested, offered, ex.cache_status(), members)
 
     # -- composed answers ---------------------------------------------------------------------
 
@@ -305,9 +322,15 @@ class Aggregate:
             return None
         authorization = ex.request.headers.get(hdrs.AUTHORIZATION, "") if self.forward_authorization else None
         try:
-            return make_key(ROUTE, parsed, self.vary, authorization)
+            key = make_key(ROUTE, parsed, self.vary, authorization)
         except ValueError:
             return None
+        if ex.rights is not None and parsed.method != "resources/read":
+            # Composed of what the caller may see: one composition per set of rights (its parts,
+            # the members' own entries, stay shared).
+            rights = repr(ex.rights.key).encode()
+            key = key._replace(authorization=hashlib.sha256((key.authorization or b"") + b"|" + rights).digest())
+        return key
 
     async def composed(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:
         """``server/discover`` or a list: a stored composition whose parts are all still current,
@@ -324,8 +347,10 @@ class Aggregate:
             entry = store.get(key)
             if isinstance(entry, ComposedEntry) and entry.current(store.get):
                 return self.fleet.hit(ex, entry)
-        members = self.active()
+        members = self.visible(ex, self.active())
         lists = await asyncio.gather(*(self.collector.collect(name, ex, parsed) for name in members))
+        if ex.rights is not None and method != "server/discover":
+            self.filter_lists(ex.rights, method, members, lists)
         if members and not any(got.parts for got in lists):
             ex.fwd, ex.detail = Forwarded.MISS, "upstream-error"
             reasons = "; ".join(f"{name}: {got.problem}" for name, got in zip(members, lists, strict=True))
@@ -338,7 +363,9 @@ class Aggregate:
         else:
             result = page_of(method, lists, page, list_fingerprint, self.page_size, parsed.request_id)
         ttl_ms, scope = hints(parts, complete, self.readthrough.clock())
-        result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=scope)
+        # A list composed for a caller's rights is its own (stored for those rights, locally).
+        shown = "private" if ex.rights is not None and method != "server/discover" else scope
+        result.update(resultType="complete", ttlMs=ttl_ms, cacheScope=shown)
         message = result_message(parsed.request_id, result)
         self._outcome(ex, parts, ttl_ms, complete, any(got.problem is not None for got in lists))
         if key is not None and complete and scope == "public" and ttl_ms > 0 and all(p.entry for p in parts):
@@ -346,6 +373,25 @@ class Aggregate:
         body = _render(message, parsed.request_id)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()})
+
+    def filter_lists(self, rights: Rights, method: str, members: Sequence[str], lists: Sequence[MemberList]) -> None:
+        """Leave in each member's items only those ``rights`` allow, matched on the member's own
+        names and URIs (``tools = ["get_*"]`` allows ``weather__get_forecast``)."""
+        _, name_field, kind = LIST_ITEMS[method]
+        for member, got in zip(members, lists, strict=True):
+            prefix = self.names.expose_uri(member, "") if name_field != "name" else self.names.expose(member, "")
+            kept = []
+            for item in got.items:
+                exposed = item.get(name_field)
+                if (
+                    type(exposed) is str
+                    and exposed.startswith(prefix)
+                    and rights.allows(kind, member, exposed[len(prefix) :])
+                ):
+                    kept.append(item)
+            if len(kept) != len(got.items):
+                got.items = kept
+                got.rendered = dumps(kept)
 
     @staticmethod
     def _outcome(ex: Exchange, parts: Sequence[Part], ttl_ms: int, complete: bool, left_out: bool = False) -> None:
@@ -384,6 +430,9 @@ class OtherMethods:
 
     def resolve(self, ex: Exchange, request_id: object) -> None:
         """Nothing is named."""
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """Nothing is used."""
 
     def label(self, ex: Exchange) -> str:
         return ROUTE

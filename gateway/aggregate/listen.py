@@ -54,9 +54,11 @@ class _Client:
     sent (a set: however many changes come while it is being written to, at most one
     notification of each kind waits), and whether the gateway is ending it."""
 
-    def __init__(self, request_id: object, flags: Collection[str]) -> None:
+    def __init__(self, request_id: object, flags: Collection[str], members: Collection[str] | None = None) -> None:
         self.request_id = request_id
         self.flags = flags
+        #: The members the client may see (``None``: every member); changes of others are not told.
+        self.members = members
         self.pending: set[str] = set()
         self.ending = False
         self.wake = asyncio.Event()
@@ -105,7 +107,9 @@ class ListenHub:
         for flag, (methods, _) in FLAGS.items():
             if changed is None or methods & set(changed):
                 for client in self.clients:
-                    if flag in client.flags:
+                    if flag in client.flags and (
+                        upstream is None or client.members is None or upstream in client.members
+                    ):
                         client.tell(flag)
 
     def granted(self, requested: object, offered: Collection[str]) -> dict[str, bool]:
@@ -122,10 +126,12 @@ class ListenHub:
         requested: object,
         offered: Collection[str],
         cache_status: str,
+        members: Collection[str] | None = None,
     ) -> web.StreamResponse:
         """Answer a listen request: the acknowledgement, then the changes until the client goes
         away or the gateway shuts down (then the listen result, and the stream ends). The
-        stream's ``Cache-Status`` is ``cache_status``.
+        stream's ``Cache-Status`` is ``cache_status``; ``members``: the members the client may
+        see (per-caller policy; ``None``: all), the only ones whose changes it is told.
 
         Raises:
             Overloaded: ``max_listen_streams`` clients are listening (HTTP 503).
@@ -137,7 +143,7 @@ class ListenHub:
                 headers={"Retry-After": "1"},
             )
         granted = self.granted(requested, offered)
-        client = _Client(request_id, granted)
+        client = _Client(request_id, granted, None if members is None else frozenset(members))
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"})
         out.headers["X-Accel-Buffering"] = "no"
         out.headers["Cache-Status"] = cache_status

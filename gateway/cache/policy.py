@@ -32,6 +32,8 @@ __all__ = [
     "Invalidation",
     "StoreOutcome",
     "build_entry",
+    "derive_entry",
+    "entry_result",
     "invalidation",
     "lifetimes",
     "store_outcome",
@@ -222,6 +224,40 @@ def build_entry(
     expires_at = now + ttl_ms / 1000
     keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
     return CacheEntry(view[:at], view[end:], now, expires_at, ttl_ms, len(rendered), keep_until, refresh_at)
+
+
+def entry_result(entry: CacheEntry) -> dict[str, Any]:
+    """The JSON-RPC result ``entry`` holds, parsed (its ``ttlMs`` the stored lifetime)."""
+    rendered = b"".join((bytes(entry.head), b"%d" % entry.ttl_ms, bytes(entry.tail)))
+    result: dict[str, Any] = orjson.loads(rendered[len(_RESULT) : -1])
+    return result
+
+
+def derive_entry(entry: CacheEntry, result: Mapping[str, Any]) -> CacheEntry | None:
+    """An entry answering ``result`` (another result made from ``entry``'s: a filtered view) with
+    ``entry``'s lifetimes, so that it answers with the time ``entry`` has left. ``None`` when it
+    cannot be rendered (as :func:`build_entry`)."""
+    body = dict(result)
+    body["ttlMs"] = _PLACEHOLDER
+    try:
+        rendered = _RESULT + dumps(body) + b"}"
+    except ValueError:
+        return None
+    at = rendered.find(_PLACEHOLDER_JSON)
+    end = at + len(_PLACEHOLDER_JSON)
+    if at < 0 or rendered.find(_PLACEHOLDER_JSON, end) >= 0:
+        return None
+    view = memoryview(rendered)
+    return CacheEntry(
+        view[:at],
+        view[end:],
+        entry.stored_at,
+        entry.expires_at,
+        entry.ttl_ms,
+        len(rendered),
+        entry.keep_until,
+        entry.refresh_at,
+    )
 
 
 def uri_of(key: CacheKey) -> object:

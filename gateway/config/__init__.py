@@ -19,6 +19,7 @@ from .model import (
     StaticToken,
     UpstreamConfig,
 )
+from .policy import PolicyConfig, PolicyRule
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -34,6 +35,8 @@ __all__ = [
     "JwtConfig",
     "ListenerConfig",
     "LoadedConfig",
+    "PolicyConfig",
+    "PolicyRule",
     "RegistryConfig",
     "ResourceConfig",
     "StaticToken",

@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 
 from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken
 from .base import _Model
+from .policy import PolicyConfig, check_rule_upstreams
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -124,6 +125,9 @@ class CacheConfig(_Model):
         False,
         description="Fetch an entry again in the background when it is asked for in the last part of its "
         "lifetime (default for every upstream).",
+    )
+    private_per_identity: bool = Field(
+        False, description="Store private answers, each for its caller's authorization context only."
     )
 
 
@@ -400,6 +404,7 @@ class GatewayConfig(_Model):
     aggregate: AggregateConfig | None = Field(
         None, description="POST /mcp, the members as one MCP server (default: no /mcp)."
     )
+    policy: PolicyConfig = Field(PolicyConfig(), description="Per-caller rules (docs/policy.md; default: none).")
 
     @field_validator("aggregate")
     @classmethod
@@ -467,6 +472,14 @@ class GatewayConfig(_Model):
             base = self.registry.public_base_url
             self.auth.check_resource(None if base is None else str(base))
         return self
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_upstreams(cls, value: PolicyConfig, info: ValidationInfo) -> PolicyConfig:
+        upstreams = info.data.get("upstreams")
+        if upstreams is not None:  # else the upstreams were wrong, and say so
+            check_rule_upstreams(value, upstreams)
+        return value
 
     def vary_on_capabilities(self, upstream: str) -> bool:
         """Whether cache keys for ``upstream`` include the clientCapabilities hash."""

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from ..cache import CacheKey, CacheLookup, Lead
+    from ..policy import Rights
     from ..protocol import ParsedRequest
     from ..upstream import Upstream
 
@@ -112,6 +113,8 @@ class Exchange:
     #: The ``outcome`` of ``mcp_gateway_auth_total`` for this request (the last one set wins:
     #: a policy refusal after ``ok`` counts as ``denied``); ``None`` without ``[auth]``.
     auth_outcome: str | None = None
+    #: What the caller may see and use, with ``[[policy.rules]]`` (``None`` without: everything).
+    rights: Rights | None = None
 
     def __init__(self, request: web.Request, upstream_name: str) -> None:
         self.request = request

@@ -19,11 +19,12 @@ from aiohttp import hdrs, web
 from multidict import CIMultiDict
 
 from ..auth import SessionSource
-from ..cache import Answer, Cached, CacheEntry, CacheKey, CacheLookup, ReadThrough, make_key
+from ..cache import Answer, Cached, CacheEntry, CacheKey, CacheLookup, Lead, ReadThrough, make_key
 from ..cache.readthrough import COALESCED, HIT, SHARED
-from ..codec import id_json
+from ..codec import dumps, id_json
 from ..config import GatewayConfig
 from ..errors import GatewayError, NotFound
+from ..policy import LIST_ITEMS, Kind, ListViews, filter_result
 from ..protocol import ParsedRequest, method_label
 from ..telemetry import GatewayMetrics
 from ..upstream import Upstream
@@ -78,6 +79,8 @@ class Proxy:
             config, readthrough, metrics, writer, on_success, previous=None if previous is None else previous.forwarder
         )
         self.streams = LegacyStreams(self)
+        #: With ``[[policy.rules]]``: the lists each set of rights sees (:mod:`gateway.policy.views`).
+        self.views = ListViews()
         self.caching = config.cache.max_entries > 0
         #: Per upstream: (vary the cache key on clientCapabilities, forward Authorization).
         self.key_options = {
@@ -105,13 +108,22 @@ class Proxy:
     def resolve(self, ex: Exchange, request_id: object) -> None:
         """``ex.upstream``, the upstream the path names. Raises :class:`NotFound` (HTTP 404, -32601)."""
         upstream = self.upstreams.get(ex.upstream_name)
-        if upstream is None:
+        # An upstream no rule allows is an unknown upstream to this caller, whatever it asks.
+        if upstream is None or (ex.rights is not None and not ex.rights.allows_upstream(ex.upstream_name)):
             raise NotFound(
                 f"no upstream named {ex.upstream_name!r} behind this gateway",
                 request_id=request_id,
                 data={"upstream": ex.upstream_name},
             )
         ex.upstream = upstream
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """A call, get, read or completion of something no rule allows the caller is refused
+        (:meth:`Pipeline.denied`), never forwarded."""
+        assert parsed is not None and ex.rights is not None
+        used = uses(parsed)
+        if used is not None and not ex.rights.allows(used[0], ex.upstream_name, used[1]):
+            raise self.pipeline.denied(ex, used[0], ex.upstream_name, used[1], parsed.request_id)
 
     def label(self, ex: Exchange) -> str:
         """The upstream's name, ``unknown`` for names not configured."""
@@ -135,6 +147,8 @@ class Proxy:
         """Not in the local tier: the read-through (:meth:`miss`), or the upstream for a request
         that bypasses the cache."""
         if ex.key is None:
+            if ex.rights is not None and ex.method in LIST_ITEMS:  # a list the caller sees filtered
+                return await self.filtered_forward(ex, Forwarded.BYPASS)
             return await self.forwarder.forward(ex, Forwarded.BYPASS)
         return await self.miss(ex, ex.key)
 
@@ -161,10 +175,13 @@ class Proxy:
     async def miss(self, ex: Exchange, key: CacheKey) -> web.StreamResponse:
         """Not in the local tier: the read-through, with the forwarder's relay as its fetch."""
         assert ex.upstream is not None
+        # A list for a caller whose rights filter it is read whole: the shared entry is stored as
+        # it came, the caller is sent its view.
+        filtered = ex.rights is not None and key.method in LIST_ITEMS
         try:
             got = await self.readthrough.read(
                 key,
-                functools.partial(self.forwarder.miss, ex),
+                functools.partial(self.filtered_miss if filtered else self.forwarder.miss, ex),
                 timeout_s=ex.upstream.config.timeout_s,
                 request_id=ex.request_id,
             )
@@ -189,6 +206,8 @@ class Proxy:
         background refresh (:meth:`Forwarder.refresh`). A large entry (over
         :data:`LARGE_BODY_BYTES`) answers with its stored bytes, not a copy (:meth:`large_answer`)."""
         ex.lookup = COALESCED if collapsed else SHARED if shared else HIT
+        if ex.rights is not None and ex.upstream is not None:  # the caller's view of a list
+            entry = self.views.view(entry, ex.method, ex.upstream.name, ex.rights)
         now = self.clock()
         if now >= entry.refresh_at and ex.key is not None:
             self.forwarder.refresh(ex, ex.key)
@@ -205,6 +224,8 @@ class Proxy:
         """Answer from the expired ``entry`` (stale-if-error): the caller's id, ``ttlMs`` 0 and
         ``Cache-Status: mcp-gateway; hit; ttl=-S``, S the whole seconds past expiry."""
         ex.lookup = CacheLookup.STALE
+        if ex.rights is not None and ex.upstream is not None:
+            entry = self.views.view(entry, ex.method, ex.upstream.name, ex.rights)
         if entry.size > LARGE_BODY_BYTES:
             pieces, past_s = entry.stale_pieces(id_json(ex.request_id), self.clock())
             ex.hit = stale_status(past_s, collapsed)
@@ -213,6 +234,47 @@ class Proxy:
         ex.hit = stale_status(past_s, collapsed)
         ex.large = len(body) > LARGE_BODY_BYTES
         return web.Response(body=body, headers={"Content-Type": "application/json", "Cache-Status": ex.hit})
+
+    async def filtered_miss(self, ex: Exchange, lead: Lead) -> web.StreamResponse:
+        """The read-through's fetch of a list for a caller whose rights filter it
+        (:meth:`filtered_forward`), its whole answer kept as any miss's."""
+        ex.lookup = CacheLookup.MISS
+        ex.lead = lead
+        return await self.filtered_forward(ex, Forwarded.MISS)
+
+    async def filtered_forward(self, ex: Exchange, fwd: Forwarded) -> web.StreamResponse:
+        """A list for a caller whose rights filter it, sent upstream (``fwd``: why): the whole
+        answer read (JSON or SSE; kept when the request is a miss, ``ex.lead``), and the caller
+        sent the items it may see, ``cacheScope`` ``private`` (:func:`~gateway.policy.filter_result`).
+        A JSON-RPC error is relayed as it came.
+
+        Raises:
+            Overloaded, BadGateway, GatewayTimeout: as :meth:`Forwarder.fetch`.
+        """
+        upstream, parsed = ex.upstream, ex.parsed
+        assert upstream is not None and parsed is not None and ex.body is not None and ex.rights is not None
+        ex.fwd = fwd
+        try:
+            headers = self.forwarder.request_headers(ex.request, upstream, ex.mcp_name)
+            status, message, size = await self.forwarder.fetch(upstream, ex.body, headers, parsed.request_id, ex.method)
+        except GatewayError as err:
+            if err.request_id is None:
+                err.request_id = parsed.request_id
+            ex.detail = "upstream-error"
+            raise
+        ex.fwd_status = status
+        self.forwarder.answered(ex, upstream, status, message)
+        self.forwarder.keep(ex, status, message, size)
+        rights, name = ex.rights, upstream.name
+        result = message.get("result") if isinstance(message, dict) else None
+        if isinstance(result, dict):
+            filtered = filter_result(result, ex.method, lambda kind, item: rights.allows(kind, name, item), own=_same)
+            message = {**message, "result": filtered}
+        body = dumps(message)
+        ex.large = len(body) > LARGE_BODY_BYTES
+        return web.Response(
+            body=body, status=status, headers={"Content-Type": "application/json", "Cache-Status": ex.cache_status()}
+        )
 
     @staticmethod
     def large_answer(ex: Exchange, pieces: tuple[bytes | memoryview, ...]) -> PiecesResponse:
@@ -244,6 +306,36 @@ class Proxy:
         await self.forwarder.close_streams()
 
 
+def uses(parsed: ParsedRequest) -> tuple[Kind, str] | None:
+    """What ``parsed`` uses that a rule must allow: ``("tools", name)`` for ``tools/call``,
+    ``("prompts", name)`` for ``prompts/get`` and a prompt's ``completion/complete``,
+    ``("resources", uri)`` for ``resources/read`` and a resource template's completion; ``None``
+    for other methods. A name that is not a string is ``""`` (no glob allows it: refused as
+    unknown)."""
+    method, params = parsed.method, parsed.params or {}
+    if method == "tools/call":
+        kind: Kind = "tools"
+        value = params.get("name")
+    elif method == "prompts/get":
+        kind, value = "prompts", params.get("name")
+    elif method == "resources/read":
+        kind, value = "resources", params.get("uri")
+    elif method == "completion/complete":
+        ref = params.get("ref")
+        ref = ref if isinstance(ref, dict) else {}
+        if ref.get("type") == "ref/resource":
+            kind, value = "resources", ref.get("uri")
+        else:
+            kind, value = "prompts", ref.get("name")
+    else:
+        return None
+    return kind, value if type(value) is str else ""
+
+
+def _same(name: str) -> str:
+    return name
+
+
 class LegacyStreams:
     """``GET``/``DELETE /servers/{name}/mcp``, a :class:`~.pipeline.Route`: legacy-era traffic
     (the SSE stream a 2025-11-25 client opens, the session it ends) passed through uncached."""
@@ -257,6 +349,9 @@ class LegacyStreams:
 
     def admit(self, ex: Exchange) -> None:
         """No body is read."""
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """No body names anything: the upstream is allowed (:meth:`Proxy.resolve`)."""
 
     def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
         """Nothing of it is cached."""

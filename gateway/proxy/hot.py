@@ -81,6 +81,8 @@ class HotProxy(Proxy):
         if not LEAN_RESPONSES or entry.size > LARGE_BODY_BYTES:
             return super().hit(ex, entry, collapsed=collapsed, shared=shared)
         ex.lookup = COALESCED if collapsed else SHARED if shared else HIT
+        if ex.rights is not None and ex.upstream is not None:  # Proxy.hit: the caller's view of a list
+            entry = self.views.view(entry, ex.method, ex.upstream.name, ex.rights)
         now = self.clock()
         body, ttl_ms = entry.hit(id_json(ex.request_id), now)
         if now >= entry.refresh_at and ex.key is not None:  # Proxy.hit: refresh-ahead, one comparison

@@ -12,8 +12,11 @@
    the upstream), before any parse or header error is answered and before the cache, even for
    ``public`` entries: a cached answer is never a way around authentication (basic/authorization,
    'Token Handling'; server/utilities/caching, 'Security Considerations'), and a caller without a
-   token learns nothing from an error. A per-caller policy (what this caller may use) goes right
-   after it, here and nowhere else: every route passes this point before its cache.
+   token learns nothing from an error. With ``[[policy.rules]]`` the caller's rights are known
+   from here on (``ex.rights``): an upstream no rule allows is not found by :meth:`Route.resolve`.
+   Then **authorize** (:meth:`Route.authorize`, only with rules): a call, get, read or completion
+   of something no rule allows is refused here, never forwarded (:mod:`gateway.policy`): every
+   route passes this point before its cache.
 3. **Look up**: :meth:`Route.look_up`, the answer from the cache if it is there (no await: a hit
    is answered without one), **and answer** otherwise: :meth:`Route.answer` (the read-through, the
    upstream, or the route's own composition); a large answer is then written in chunks under the
@@ -45,6 +48,7 @@ from ..errors import (
     Unauthorized,
     error_response,
 )
+from ..policy import Kind, Policy
 from ..protocol import ParsedRequest, method_label, parse_request
 from ..telemetry import ACCESS_LOGGER, GatewayMetrics, RequestJournal, RequestRecord
 from .exchange import Exchange
@@ -69,6 +73,10 @@ class Route(Protocol):
     def resolve(self, ex: Exchange, request_id: object) -> None:
         """Once the caller is authenticated, before any other error is told: what the request
         names exists (``ex.upstream``). Raises a :class:`GatewayError` with ``request_id``."""
+
+    def authorize(self, ex: Exchange, parsed: ParsedRequest | None) -> None:
+        """With ``[[policy.rules]]`` (``ex.rights`` set), once resolved: what the request uses is
+        allowed. Raises the denial (:meth:`Pipeline.denied`)."""
 
     def look_up(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse | None:
         """The answer if the cache has it, else ``None`` (``parsed`` is ``None`` for a route
@@ -115,6 +123,9 @@ class Pipeline:
         #: Who callers are (every route of this config: the registry routes share it).
         self.authenticator = Authenticator(config, session)
         self.verifies = self.authenticator.verifies
+        #: ``None`` without rules: nothing is filtered or denied, and no step asks.
+        self.policy = Policy(config.policy) if config.policy.rules else None
+        self.metrics = metrics
         public_base_url = config.registry.public_base_url
         self.origin_policy = OriginPolicy(
             config.listener.host,
@@ -163,6 +174,8 @@ class Pipeline:
             request_id = None if parsed is None else parsed.request_id
             self.authenticate(ex, request_id)
             route.resolve(ex, request_id)
+            if ex.rights is not None:
+                route.authorize(ex, parsed)
             response = route.look_up(ex, parsed)
             if response is None:
                 response = await route.answer(ex, parsed)
@@ -265,7 +278,8 @@ class Pipeline:
         token stands for (without ``[auth]``, :data:`~gateway.auth.ANONYMOUS`): a static token,
         or a JWT or introspected token whose audience is this route's resource URI (RFC 8707;
         MCP 2026-07-28, basic/authorization, 'Token Handling'). No await: a token not seen
-        before was verified by :meth:`serve` (``ex.verdict``).
+        before was verified by :meth:`serve` (``ex.verdict``). With ``[[policy.rules]]``, then
+        sets ``ex.rights`` (:meth:`~gateway.policy.Policy.rights`), with or without ``[auth]``.
 
         Raises:
             Unauthorized: no token, or one that is invalid, expired or for another resource
@@ -273,8 +287,13 @@ class Pipeline:
             InsufficientScope: the caller lacks ``required_scopes`` (HTTP 403).
         """
         auth = self.authenticator
-        if not auth.enabled:
-            return
+        if auth.enabled:
+            self._authenticate(ex, request_id)
+        if self.policy is not None:
+            ex.rights = self.policy.rights(ex.caller)
+
+    def _authenticate(self, ex: Exchange, request_id: object) -> None:
+        auth = self.authenticator
         verdict = ex.verdict
         if verdict is None:
             verdict = auth.known(bearer_token(ex.request.headers.get(hdrs.AUTHORIZATION))) or INVALID
@@ -297,6 +316,19 @@ class Pipeline:
     def count_denied(self, ex: Exchange) -> None:
         """Count the request as ``denied`` in ``mcp_gateway_auth_total`` (a policy refused it)."""
         ex.auth_outcome = "denied"
+
+    # -- authorize ----------------------------------------------------------------------------
+
+    def denied(
+        self, ex: Exchange, kind: Kind, upstream: str, name: str, request_id: object, *, shown: object = None
+    ) -> GatewayError:
+        """The answer to a ``kind`` ``name`` of ``upstream`` that no rule allows ``ex.caller``
+        (:meth:`~gateway.policy.Policy.denial`: 403 insufficient_scope or -32602 naming ``shown``,
+        the name as the caller sent it, ``name`` by default), counted in
+        ``mcp_gateway_auth_total{outcome="denied"}``."""
+        assert self.policy is not None
+        self.count_denied(ex)
+        return self.policy.denial(ex.caller, kind, upstream, name, request_id, shown=shown)
 
     # -- answer -------------------------------------------------------------------------------
 

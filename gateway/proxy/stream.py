@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from ..cache import StoreOutcome
+from ..codec import loads
 from ..errors import BadGateway
 from ..sse import SSEParser
 from ..upstream import Upstream
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from .forward import Forwarder
 
 __all__ = ["relay_stream"]
+
+LISTEN = "subscriptions/listen"
 
 
 class _ReadAhead:
@@ -74,6 +77,8 @@ async def relay_stream(
         await out.prepare(ex.request)
         if parser is not None and ex.lead is not None:
             final = await _relay_read_ahead(forwarder, ex, upstream, resp, out, parser, request_id)
+        elif parser is not None and ex.rights is not None and parsed is not None and parsed.method == LISTEN:
+            final = await _relay_listen_filtered(forwarder, ex, upstream, resp, out, parser, request_id)
         else:
             final = await _relay_paced(forwarder, ex, upstream, resp, out, parser, request_id)
         if parser is not None and final is None:
@@ -121,6 +126,47 @@ async def _relay_paced(
         final, size = final_response(parser.finish(), request_id)
         if final is not None:
             _found(forwarder, ex, upstream, resp.status, final, size)
+    return final
+
+
+def _sees(ex: Exchange, upstream: Upstream, data: bytes) -> bool:
+    """Whether the caller may be told the event ``data`` of its listen stream: a
+    ``notifications/resources/updated`` is about a URI, which its rights must allow."""
+    try:
+        message = loads(data)
+    except ValueError:
+        return True  # not JSON: relayed as it came, as without rules
+    if not isinstance(message, dict) or message.get("method") != "notifications/resources/updated":
+        return True
+    params = message.get("params")
+    uri = params.get("uri") if isinstance(params, dict) else None
+    assert ex.rights is not None
+    return type(uri) is str and ex.rights.allows("resources", upstream.name, uri)
+
+
+async def _relay_listen_filtered(
+    forwarder: Forwarder,
+    ex: Exchange,
+    upstream: Upstream,
+    resp: aiohttp.ClientResponse,
+    out: web.StreamResponse,
+    parser: SSEParser,
+    request_id: object,
+) -> dict[str, object] | None:
+    """A listen stream for a caller whose rights limit what it sees: event by event, each one it
+    may see written again as a ``message`` event, the others dropped (a chunk with no whole
+    event to send is a comment line: the caller still hears the stream is alive)."""
+    final: dict[str, object] | None = None
+    async for chunk in upstream.iter_stream(resp):
+        events = parser.feed(chunk)
+        if final is None:
+            final, size = final_response(events, request_id)
+            if final is not None:
+                _found(forwarder, ex, upstream, resp.status, final, size)
+        sent = b"".join(b"event: message\ndata: " + data + b"\n\n" for data in events if _sees(ex, upstream, data))
+        await forwarder.writer.write(ex.request, out, sent or b":\n\n")
+        if final is None and parser.overflowed:
+            break
     return final
 
 

@@ -8,7 +8,7 @@ readiness read it. A probe's verdict arrives as a :class:`ProbeResult`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -222,8 +222,9 @@ class RegistryState:
         if known and len(state.observed) < MAX_VERSIONS:
             state.observed[version] = None
 
-    def aggregate(self) -> dict[str, Any]:
-        """``GET /registry/versions``: versions over the upstreams that are up, newest first.
+    def aggregate(self, shown: Callable[[str], bool] | None = None) -> dict[str, Any]:
+        """``GET /registry/versions``: versions over the upstreams that are up, newest first;
+        only over those ``shown(name)`` is true of, when given (per-caller policy).
 
         ``union``: spoken by at least one; ``intersection``: spoken by every one that is up and
         whose versions are known; ``byVersion``: version → names; ``upstreams``: every configured
@@ -234,6 +235,8 @@ class RegistryState:
         speaking: list[set[str]] = []
         upstreams: dict[str, Any] = {}
         for name in sorted(self.upstreams):
+            if shown is not None and not shown(name):
+                continue
             state = self.upstreams[name]
             upstreams[name] = {
                 "advertised": newest_first(state.advertised),

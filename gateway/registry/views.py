@@ -15,6 +15,7 @@ from .. import __version__
 from ..auth import ANONYMOUS, Authenticator, Caller, bearer_token
 from ..config import AGGREGATE_SERVER_NAME, GatewayConfig
 from ..errors import Unauthorized, error_response
+from ..policy import Policy
 from ..telemetry import GatewayMetrics
 from .state import RegistryState, UpstreamState, newest_first
 
@@ -90,6 +91,8 @@ class RegistryViews:
         #: Who callers are: the MCP routes' (a JWT for any of the gateway's resources is accepted here).
         self.authenticator = authenticator if authenticator is not None else Authenticator(config)
         self._auth_total = None if metrics is None else metrics.auth
+        #: With ``[[policy.rules]]``: an upstream no rule allows the caller is not listed to it.
+        self._policy = Policy(config.policy) if config.policy.rules else None
 
     async def identify(self, request: web.Request) -> Caller | web.Response:
         """The caller of a registry request, or the 401 to answer: with ``[auth]``, a static
@@ -111,9 +114,20 @@ class RegistryViews:
             )
         )
 
-    async def _denied(self, request: web.Request) -> web.Response | None:
-        caller = await self.identify(request)
-        return caller if isinstance(caller, web.Response) else None
+    def _shown(self, caller: Caller) -> Callable[[str], bool] | None:
+        """Which names ``caller`` is shown (``None``: all): the upstreams some rule allows it,
+        and the aggregate when one of its members is."""
+        if self._policy is None:
+            return None
+        rights = self._policy.rights(caller)
+        members = () if self.aggregate is None else self.aggregate.members
+
+        def shown(name: str) -> bool:
+            if self.aggregate is not None and name == AGGREGATE_NAME:
+                return any(rights.allows_upstream(m) for m in members)
+            return rights.allows_upstream(name)
+
+        return shown
 
     def _base(self, request: web.Request) -> str:
         return self.base_url or str(request.url.origin())
@@ -128,20 +142,24 @@ class RegistryViews:
             names.append(AGGREGATE_NAME)
         return sorted(names)
 
-    def _entry_of(self, name: str, base: str) -> dict[str, Any] | None:
-        """The entry of upstream ``name`` (or of the aggregate), ``None`` if there is none."""
+    def _entry_of(self, name: str, base: str, shown: Callable[[str], bool] | None = None) -> dict[str, Any] | None:
+        """The entry of upstream ``name`` (or of the aggregate, with the members ``shown``),
+        ``None`` if there is none."""
         if self.aggregate is not None and name == AGGREGATE_NAME:
-            return self.aggregate_entry(self.aggregate, base)
+            return self.aggregate_entry(self.aggregate, base, shown)
         state = self.state.upstreams.get(name)
         return None if state is None else self.entry(state, base)
 
     async def _named_entry(self, request: web.Request) -> dict[str, Any] | web.Response:
         """The entry of the server named in the path, or the 401/404 to answer instead."""
-        if (denied := await self._denied(request)) is not None:
-            return denied
+        caller = await self.identify(request)
+        if isinstance(caller, web.Response):
+            return caller
         name = request.match_info["name"]
         prefix = f"{self.namespace}/"
-        entry = self._entry_of(name.removeprefix(prefix) if name.startswith(prefix) else name, self._base(request))
+        upstream = name.removeprefix(prefix) if name.startswith(prefix) else name
+        shown = self._shown(caller)
+        entry = self._entry_of(upstream, self._base(request), shown) if shown is None or shown(upstream) else None
         if entry is None:
             return _json({"error": "Server not found"}, 404)
         return entry
@@ -200,13 +218,16 @@ class RegistryViews:
             live["configDigest"] = self.identities[state.name]
         return {"server": server, "_meta": {LIVE_META_KEY: live}}
 
-    def aggregate_entry(self, aggregate: AggregateListing, base: str) -> dict[str, Any]:
+    def aggregate_entry(
+        self, aggregate: AggregateListing, base: str, shown: Callable[[str], bool] | None = None
+    ) -> dict[str, Any]:
         """The ``ServerResponse`` of ``POST /mcp``: its remote ``<base>/mcp``, and as live state
-        the members, which of them it serves now and which it leaves out (legacy-era members:
-        they have no ``_meta`` to carry the caller's through), and the separator."""
+        the members (those ``shown``, when given), which of them it serves now and which it
+        leaves out (legacy-era members: they have no ``_meta`` to carry the caller's through),
+        and the separator."""
         url = f"{base}{aggregate.route}"
         active = set(aggregate.active())
-        members = list(aggregate.members)
+        members = [m for m in aggregate.members if shown is None or shown(m)]
         description = f"The tools, prompts and resources of {len(members)} servers behind this gateway"
         server: dict[str, Any] = {
             "name": self.server_name(AGGREGATE_NAME),
@@ -234,8 +255,10 @@ class RegistryViews:
         """``GET /v0.1/servers?cursor=&limit=&search=&version=``; ``cursor`` is the last name of
         the previous page (opaque to callers), ``limit`` 1-100 (default 30), ``search`` a
         case-insensitive substring of the name, ``version`` ``latest`` or an exact version."""
-        if (denied := await self._denied(request)) is not None:
-            return denied
+        caller = await self.identify(request)
+        if isinstance(caller, web.Response):
+            return caller
+        shown = self._shown(caller)
         raw_limit = request.query.get("limit", str(DEFAULT_PAGE_LIMIT))
         try:
             limit = int(raw_limit)
@@ -252,7 +275,9 @@ class RegistryViews:
             name = self.server_name(upstream)
             if name <= cursor or (search and search not in name.lower()):
                 continue
-            entry = self._entry_of(upstream, base)
+            if shown is not None and not shown(upstream):
+                continue
+            entry = self._entry_of(upstream, base, shown)
             assert entry is not None
             if version not in (None, "", "latest") and entry["server"]["version"] != version:
                 continue
@@ -280,10 +305,12 @@ class RegistryViews:
         return _json(entry)
 
     async def versions(self, request: web.Request) -> web.Response:
-        """``GET /registry/versions``: see :meth:`RegistryState.aggregate`."""
-        if (denied := await self._denied(request)) is not None:
-            return denied
-        document = self.state.aggregate()
+        """``GET /registry/versions``: see :meth:`RegistryState.aggregate` (over the upstreams
+        the caller is shown)."""
+        caller = await self.identify(request)
+        if isinstance(caller, web.Response):
+            return caller
+        document = self.state.aggregate(self._shown(caller))
         for name, one in document["upstreams"].items():
             if name in self.identities:
                 one["configDigest"] = self.identities[name]
