@@ -284,3 +284,22 @@ async def test_a_call_needing_a_scope_ci_lacks_makes_the_sdk_step_up_and_is_refu
     assert (await fetch_counts(oauth_gw.upstream)).get("tools/call") is None
     # A policy's refusal counts as denied, 403 or not; insufficient_scope is [auth.jwt]'s required_scopes.
     assert oauth_gw.auth_total("denied") >= 2
+
+
+async def test_a_request_a_policy_refuses_is_counted_once_as_denied_not_also_ok(
+    authserver: AuthServer, oauth_gw: OAuthGateway, http: aiohttp.ClientSession
+) -> None:
+    url = oauth_gw.url()
+    token = await authserver.mint_token("ci", resource=url)
+
+    listed, _ = await raw_call(http, url, token, "tools/list")
+    refused, _ = await raw_call(http, url, token, "tools/call", name="slow_progress", arguments={"steps": 1})
+    stepped, _ = await raw_call(http, url, token, "tools/call", name="add", arguments={"a": 2, "b": 3})
+
+    assert (listed, refused, stepped) == (200, 400, 403)
+    # One outcome a request: the authentication's "ok" gives way to the policy's refusal.
+    assert {o: oauth_gw.auth_total(o) for o in ("ok", "denied", "insufficient_scope")} == {
+        "ok": 1,
+        "denied": 2,
+        "insufficient_scope": 0,
+    }
