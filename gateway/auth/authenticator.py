@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
@@ -35,6 +36,8 @@ log = logging.getLogger("mcp_gateway.auth")
 
 #: Verified tokens remembered at most (the least recently used go first).
 MAX_REMEMBERED: Final = 10_000
+#: RFC 6750, 2.1 ``b64token``: any other bearer value is invalid without asking the IdP.
+_B64TOKEN: Final = re.compile(rb"[A-Za-z0-9\-._~+/]+=*")
 
 
 class Authenticator:
@@ -112,6 +115,8 @@ class Authenticator:
         return await asyncio.shield(pending)
 
     async def _verify(self, token: bytes, context: bytes) -> Verdict:
+        if _B64TOKEN.fullmatch(token) is None:
+            return INVALID
         now = self._wall()
         if self.jwt is not None and (looks_like_jwt(token) or self.introspection is None):
             verdict = await self.jwt.verify(token, context)

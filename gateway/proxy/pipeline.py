@@ -8,7 +8,9 @@
    basic/transports/streamable-http, 'Security & Endpoint': DNS rebinding; the rules are in
    :mod:`gateway.proxy.origin`), the route's own check before the body (:meth:`Route.admit`),
    then the body within its bounds, parsed and checked against its headers ('Server Validation').
-2. **Authenticate**: the caller's token, and then what the request names (:meth:`Route.resolve`:
+2. **Authenticate**: the caller's token (:class:`~gateway.auth.Authenticator`: a token not seen
+   before is verified as the request comes in, before its body is read, the one await of this
+   step; a static or remembered token costs none), and then what the request names (:meth:`Route.resolve`:
    the upstream), before any parse or header error is answered and before the cache, even for
    ``public`` entries: a cached answer is never a way around authentication (basic/authorization,
    'Token Handling'; server/utilities/caching, 'Security Considerations'), and a caller without a

@@ -20,6 +20,6 @@ async def idp() -> AsyncIterator[FixtureIdp]:
 
 @pytest.fixture
 def short_fetches(monkeypatch: pytest.MonkeyPatch) -> float:
-    """The identity provider's requests time out after 0.5 s (not 5): a slow IdP test stays short."""
-    monkeypatch.setattr("gateway.auth.fetch.FETCH_TIMEOUT_S", 0.5)
-    return 0.5
+    """The identity provider's requests time out after 1.5 s (not 5): a slow IdP test stays short."""
+    monkeypatch.setattr("gateway.auth.fetch.FETCH_TIMEOUT_S", 1.5)
+    return 1.5

@@ -42,10 +42,12 @@ class Answer:
 async def tools_list(
     http: aiohttp.ClientSession, gw: RunningGateway, token: str | None, name: str = "pub", id_: int = 1
 ) -> Answer:
+    """``tools/list`` on upstream ``name``'s route (a name starting with ``/``: that path)."""
     headers = mcp_headers("tools/list")
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    async with http.post(gw.url(name), data=json.dumps(rpc("tools/list", id_=id_)), headers=headers) as r:
+    url = gw.base_url + name if name.startswith("/") else gw.url(name)
+    async with http.post(url, data=json.dumps(rpc("tools/list", id_=id_)), headers=headers) as r:
         raw = await r.read()
         return Answer(r.status, r.headers, json.loads(raw) if raw[:1] == b"{" else raw)
 

@@ -217,3 +217,37 @@ async def test_the_access_log_names_the_subject_and_never_the_token(
         (None, 401),
     ]
     assert alice not in out.getvalue() and bob not in out.getvalue()
+
+
+async def test_a_cached_answer_is_never_served_to_an_expired_or_foreign_token(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, idp: FixtureIdp
+) -> None:
+    gw = await start_gateway(oauth_config(idp, public_up.url))
+    assert (await tools_list(http, gw, idp.mint(aud=resource("pub")))).status == 200
+    assert "hit" in (await tools_list(http, gw, idp.mint(aud=resource("pub"), sub="bob"))).headers["Cache-Status"]
+    for token in (idp.mint(aud=resource("pub"), expires_in_s=-120), idp.mint(aud=resource("pub"), iss="https://x")):
+        answer = await tools_list(http, gw, token)
+        assert answer.status == 401 and "result" not in answer.body
+        assert "hit" not in answer.headers["Cache-Status"]
+
+
+async def test_every_mcp_route_authenticates_for_its_own_resource(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, public_up: Upstream, idp: FixtureIdp
+) -> None:
+    config = oauth_config(idp, public_up.url)
+    config["aggregate"] = {"upstreams": ["pub"]}
+    gw = await start_gateway(config)
+    aggregate = await tools_list(http, gw, idp.mint(aud=f"{BASE}/mcp"), name="/mcp")
+    assert aggregate.status == 200 and aggregate.body["result"]["tools"]
+    refused = await tools_list(http, gw, idp.mint(aud=resource("pub")), name="/mcp")
+    assert refused.status == 401
+    assert refused.headers["WWW-Authenticate"] == (
+        f'Bearer realm="mcp-gateway", resource_metadata="{WELL_KNOWN}/mcp", error="invalid_token"'
+    )
+    for method in ("GET", "DELETE"):  # the legacy streams, and /mcp's other methods
+        for url, name in ((gw.url("pub"), "/servers/pub/mcp"), (gw.base_url + "/mcp", "/mcp")):
+            async with http.request(method, url) as r:
+                assert r.status == 401, (method, url)
+                assert r.headers["WWW-Authenticate"] == (
+                    f'Bearer realm="mcp-gateway", resource_metadata="{WELL_KNOWN}{name}"'
+                )

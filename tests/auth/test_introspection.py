@@ -11,6 +11,9 @@ import time
 import aiohttp
 import pytest
 
+from gateway.auth import Authenticator, bearer_token
+from gateway.config import parse_config
+
 from ..support import StartGateway
 from ..support.fleet import Upstream
 from ..support.idp import FixtureIdp
@@ -83,3 +86,15 @@ async def test_an_introspection_endpoint_that_fails_refuses_the_caller_with_a_wa
     if fault != "down":
         idp.introspection_mode = "ok"
         assert (await tools_list(http, gw, OPAQUE)).status == 200  # the failure was not remembered
+
+
+@pytest.mark.parametrize("header", ["Bearer \udcffopaque-token", "Bearer opaque,token;0123", 'Bearer a"b'])
+async def test_a_bearer_value_that_is_no_b64token_is_invalid_without_asking_the_idp(
+    idp: FixtureIdp, header: str
+) -> None:
+    auth = Authenticator(parse_config(oauth_config(idp, "http://127.0.0.1:9/mcp", introspection=True)))
+    token = bearer_token(header)
+    assert token is not None and auth.known(token) is None
+    verdict = await auth.verify(token)
+    assert (verdict.outcome, verdict.caller) == ("invalid", None)
+    assert idp.introspections == 0

@@ -29,7 +29,7 @@ CLIENT_ID = "mcp-gateway"
 CLIENT_SECRET = "introspection-secret-0123456789"
 JwksMode = Literal["ok", "html", "huge", "slow", "empty"]
 #: How long "slow" answers take, seconds (longer than the gateway's fetch timeout in the tests).
-SLOW_S = 3.0
+SLOW_S = 6.0
 
 
 class FixtureIdp:
