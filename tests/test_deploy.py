@@ -59,6 +59,7 @@ KNOWN_METRICS = {
     "mcp_gateway_cluster_leases_held",
     "mcp_gateway_cluster_invalidations_pending",
     "mcp_gateway_listener_callers_dropped_total",
+    "mcp_gateway_auth_total",
     "mcp_gateway_config_info",
     "mcp_gateway_config_reloads_total",
     "mcp_gateway_auth_total",

@@ -328,8 +328,8 @@ class Aggregate:
         if ex.rights is not None and parsed.method != "resources/read":
             # Composed of what the caller may see: one composition per set of rights (its parts,
             # the members' own entries, stay shared).
-            rights = repr(ex.rights.key).encode()
-            key = key._replace(authorization=hashlib.sha256((key.authorization or b"") + b"|" + rights).digest())
+            tag = ex.rights.tag
+            key = key._replace(authorization=hashlib.sha256((key.authorization or b"") + b"|" + tag).digest())
         return key
 
     async def composed(self, ex: Exchange, parsed: ParsedRequest) -> web.StreamResponse:

@@ -65,6 +65,10 @@ class CacheStore(Protocol):
     def purge(self, predicate: Callable[[CacheKey], bool], reason: str) -> int:
         """Remove every entry whose key matches; returns how many."""
 
+    def discard(self, key: CacheKey) -> bool:
+        """Remove ``key``'s entry to make room (an eviction, counted as ``size``; no purge: a
+        fetch under way may still store its answer). Returns whether there was one."""
+
     def keys(self) -> list[CacheKey]:
         """The keys of the entries (stale ones kept included), a snapshot."""
 
@@ -274,6 +278,12 @@ class MemoryStore:
         if self._on_purge is not None:
             self._on_purge(predicate, reason)
         return len(doomed)
+
+    def discard(self, key: CacheKey) -> bool:
+        found = self._entries.pop(key, None) is not None
+        if found:
+            self._evicted("size", 1)
+        return found
 
     def keys(self) -> list[CacheKey]:
         return list(self._entries)

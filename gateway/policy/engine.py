@@ -5,8 +5,11 @@ server/resources, 'Error Handling')."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Final
+
+import orjson
 
 from ..auth import Caller
 from ..config import PolicyConfig
@@ -33,14 +36,20 @@ class Policy:
 
     def __init__(self, config: PolicyConfig) -> None:
         self.rules: tuple[CompiledRule, ...] = tuple(compile_rule(i, rule) for i, rule in enumerate(config.rules))
+        #: What these rules are (a reload may change what a rule index means): in every
+        #: :attr:`Rights.tag`, so that nothing kept for one set of rules answers under another.
+        self.digest = hashlib.sha256(orjson.dumps(config.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).digest()
         self._by_key: dict[tuple[int, ...], Rights] = {}
         self._by_context: dict[bytes, Rights] = {}
 
     def rights(self, caller: Caller) -> Rights:
         """The rights of ``caller``: the union of the rules it matches. One :class:`Rights` per
-        set of matched rules, and per authorization context (``caller.context``) the one it got."""
+        set of matched rules, and per authorization context (``caller.context``; the anonymous
+        caller of a gateway without ``[auth]`` is one) the one it got."""
         context = caller.context
-        if context:
+        # A token's context names its caller; without [auth] every caller is the anonymous one.
+        remembered = bool(context) or caller.kind == "none"
+        if remembered:
             got = self._by_context.get(context)
             if got is not None:
                 return got
@@ -48,8 +57,8 @@ class Policy:
         key = tuple(rule.index for rule in matched)
         rights = self._by_key.get(key)
         if rights is None:
-            rights = self._by_key[key] = Rights(matched)
-        if context:
+            rights = self._by_key[key] = Rights(matched, self.digest)
+        if remembered:
             if len(self._by_context) >= MAX_MEMOIZED_CALLERS:
                 self._by_context.clear()
             self._by_context[context] = rights

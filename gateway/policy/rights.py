@@ -4,6 +4,7 @@ absent are none). Globs match the upstream's own names and URIs, on every route.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Final, Literal
 
@@ -23,14 +24,18 @@ class Rights:
     """The rights of the callers that match exactly the rules ``rules`` (in config order).
 
     ``key`` is the tuple of their indexes in the config: small, hashable, equal for every caller
-    with the same rights (filtered views are kept per key: :class:`~.views.ListViews`).
+    with the same rights under one config (filtered views are kept per key, by a proxy of that
+    config: :class:`~.views.ListViews`). ``tag`` (32 bytes) names the rights across configs: a
+    SHA-256 of ``policy_digest`` (the rules' own digest) and ``key``, for what outlives a reload
+    (the composed answers of ``POST /mcp`` kept in the store).
     """
 
-    __slots__ = ("_patterns", "_upstreams", "key", "rules")
+    __slots__ = ("_patterns", "_upstreams", "key", "rules", "tag")
 
-    def __init__(self, rules: tuple[CompiledRule, ...]) -> None:
+    def __init__(self, rules: tuple[CompiledRule, ...], policy_digest: bytes = b"") -> None:
         self.rules = rules
         self.key: tuple[int, ...] = tuple(rule.index for rule in rules)
+        self.tag = hashlib.sha256(policy_digest + repr(self.key).encode()).digest()
         self._upstreams: dict[str, bool] = {}
         self._patterns: dict[tuple[Kind, str], tuple[re.Pattern[str], ...]] = {}
 

@@ -20,7 +20,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ..cache import Answer, CacheKey, CacheLookup, Lead, ReadThrough
+from ..cache import Answer, CacheKey, CacheLookup, Lead, ReadThrough, StoreOutcome
+from ..cache.private import PrivateAnswers
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
 from ..errors import BadGateway, GatewayError, Overloaded
@@ -71,6 +72,18 @@ class Forwarder:
         #: With gateway auth, a caller's Authorization holds the gateway's token: never forwarded.
         self.allow_authorization = config.auth is None
         self.on_success = on_success
+        #: With ``[cache] private_per_identity`` (and gateway auth: a caller with a context):
+        #: private answers kept per authorization context (:mod:`gateway.cache.private`).
+        self.private = (
+            PrivateAnswers(
+                readthrough.store,
+                readthrough.clock,
+                max_entry_bytes=config.cache.max_entry_bytes,
+                max_ttl_ms=config.cache.max_ttl_ms,
+            )
+            if config.cache.private_per_identity and config.auth is not None
+            else None
+        )
         #: The SSE answers being relayed, by every forwarder of the app (``previous``: the one
         #: built from the config before a reload), so that a stop ends them all.
         self._relays: _Relays = _Relays() if previous is None else previous._relays
@@ -267,14 +280,23 @@ class Forwarder:
             if self.on_success is not None and parsed is not None and parsed.era == "modern" and parsed.version:
                 self.on_success(upstream.name, parsed.version)
 
-    @staticmethod
-    def keep(ex: Exchange, status: int, message: object, size: int) -> None:
+    def keep(self, ex: Exchange, status: int, message: object, size: int) -> None:
         """Keep the answer of a cache miss (``ex.lead``; ``size`` bytes, HTTP ``status``):
-        :meth:`~gateway.cache.Lead.keep`; its ``Cache-Status`` says ``stored`` or why not."""
-        if ex.lead is None:
+        :meth:`~gateway.cache.Lead.keep`; its ``Cache-Status`` says ``stored`` or why not. A
+        ``private`` answer is kept for the caller's authorization context alone with
+        ``private_per_identity`` (``stored`` and ``detail=private``), unless a purge crossed it."""
+        lead = ex.lead
+        if lead is None:
             return
-        outcome, entry = ex.lead.keep(status, message, size, ex.method)
+        outcome, entry = lead.keep(status, message, size, ex.method)
         if entry is not None:
             ex.stored_ttl_ms = entry.ttl_ms
-        else:
-            ex.detail = outcome.detail
+            return
+        ex.detail = outcome.detail
+        if outcome is StoreOutcome.PRIVATE and self.private is not None and ex.caller.context:
+            key = lead.key
+            if self.readthrough.store.purges_of(key.upstream) != lead.purges:
+                return
+            kept = self.private.keep(key, ex.caller.context, ex.caller.expires_at, status, message, size)
+            if kept is not None:
+                ex.stored_ttl_ms = kept.ttl_ms

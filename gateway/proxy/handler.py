@@ -20,6 +20,7 @@ from multidict import CIMultiDict
 
 from ..auth import SessionSource
 from ..cache import Answer, Cached, CacheEntry, CacheKey, CacheLookup, Lead, ReadThrough, make_key
+from ..cache.private import PrivateAnswers
 from ..cache.readthrough import COALESCED, HIT, SHARED
 from ..codec import dumps, id_json
 from ..config import GatewayConfig
@@ -141,6 +142,9 @@ class Proxy:
             return None
         ex.key = key
         entry = self.store.get(key)
+        if entry is None and self.forwarder.private is not None and ex.caller.context:
+            # private_per_identity: this caller's own answer (gateway.cache.private)
+            entry = self.store.get(PrivateAnswers.key(key, ex.caller.context))
         return None if entry is None else self.hit(ex, entry)
 
     async def answer(self, ex: Exchange, parsed: ParsedRequest | None) -> web.StreamResponse:

@@ -175,17 +175,6 @@ async def test_an_upstream_no_rule_allows_is_the_same_404_as_one_not_configured(
     assert (await fetch_counts(public_up)).get("tools/list") == 1
 
 
-async def test_without_rules_lists_stay_public_and_nothing_is_refused(
-    http: aiohttp.ClientSession, start_gateway: StartGateway, public_up: Upstream
-) -> None:
-    await reset_counts(public_up)
-    gw = await start_gateway(policy_config(public_up, rules=[]))
-    _, body, _ = await call(http, gw, PLAIN, "tools/list")
-    assert body["result"]["cacheScope"] == "public" and len(body["result"]["tools"]) == 5
-    status, _, _ = await call(http, gw, PLAIN, "tools/call", name="echo", arguments={"text": "x"})
-    assert status == 200 and gw.app[PROXY].pipeline.policy is None
-
-
 class Stream:
     """One caller's listen stream on ``/servers/{name}/mcp``, its messages read as they arrive."""
 
