@@ -62,7 +62,6 @@ KNOWN_METRICS = {
     "mcp_gateway_auth_total",
     "mcp_gateway_config_info",
     "mcp_gateway_config_reloads_total",
-    "mcp_gateway_auth_total",
 }
 REQUIRED_ALERTS = {
     "MCPGatewayUpstreamDown",
