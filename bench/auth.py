@@ -4,15 +4,17 @@ One 1-worker gateway on bench/run.py's 25-tool SDK upstream, with ``[auth.jwt]``
 set served by bench/idp.py, the tokens minted here with the private half), ``[auth.introspection]``
 (bench/idp.py's endpoint, which answers at once), two ``[[auth.static]]`` callers and two
 ``[[policy.rules]]``: ``all`` (scope ``mcp:write``: every tool) and ``half`` (scope ``mcp:read``
-only: every other tool of the upstream's list, 13 of 25). On that one process, side by side:
+only: every other tool of the upstream's list, 13 of 25), and the same gateway without the rules.
+Side by side:
 
   cached  a warm ``tools/list`` with a static token (``mcp:read mcp:write``: the whole list), the
           same with a JWT holding the same scopes, and with a static token holding ``mcp:read``
-          only (the list filtered to 13 tools from the one shared entry): wrk (bench/mcp.lua)
-          at ``--connections``, ``--rounds`` rounds of ``--duration`` s, the order rotated every
-          round; ratios are medians over rounds of (JWT / static) and (filtered / unfiltered)
-          req/s. Every answer is checked first; the upstream's counts must not move.
-          With 2+ CPUs the gateway runs on the first CPU and wrk on the others.
+          only (the list filtered to 13 tools from the one shared entry), and the static token on
+          the gateway without rules (the shared answer as it is): wrk (bench/mcp.lua) at
+          ``--connections``, ``--rounds`` rounds of ``--duration`` s, the order rotated every
+          round; ratios are medians over rounds of (JWT / static), (filtered / unfiltered) and
+          (filtered / without rules) req/s. Every answer is checked first; the upstream's counts
+          must not move. With 2+ CPUs the gateways run on the first CPU and wrk on the others.
   tokens  over one keep-alive connection, requests one after the other, in blocks that rotate:
           a warm static token, a JWT seen before, a JWT never seen (each request its own, RS256),
           an opaque token seen before (its introspection answer reused) and one never seen (each
@@ -64,7 +66,7 @@ CLIENT = {"client_id": "mcp-gateway-bench", "client_secret": secrets.token_urlsa
 STATIC_ALL = "bench-static-all-" + secrets.token_urlsafe(16)
 STATIC_HALF = "bench-static-half-" + secrets.token_urlsafe(16)
 #: The wrk sides, in their first round's order (the reference first).
-SIDES = ("static", "jwt", "filtered")
+SIDES = ("static", "jwt", "filtered", "no_rules")
 #: The timed kinds of the tokens measure (the reference first).
 KINDS = ("static", "jwt_warm", "jwt_cold", "opaque_warm", "opaque_cold")
 
@@ -97,8 +99,15 @@ class Issuer:
         return jwt.encode(claims, self.key, algorithm="RS256", headers={"kid": KID, "typ": "at+jwt"})
 
 
-def write_config(path: Path, port: int, up_port: int, idp_port: int, half: list[str]) -> None:
+def write_config(path: Path, port: int, up_port: int, idp_port: int, half: list[str] | None) -> None:
+    """The auth part's gateway; ``half`` ``None``: the same without ``[[policy.rules]]``."""
     idp = f"http://{HOST}:{idp_port}"
+    rules = (
+        ""
+        if half is None
+        else '[[policy.rules]]\nname = "all"\nscopes = ["mcp:write"]\ntools = ["*"]\n\n'
+        f'[[policy.rules]]\nname = "half"\nscopes = ["mcp:read"]\ntools = {json.dumps(half)}\n\n'
+    )
     path.write_text(
         f'[listener]\nhost = "{HOST}"\nport = {port}\n\n'
         f'[[auth.static]]\ntoken = "{STATIC_ALL}"\nsubject = "bench-all"\nscopes = ["mcp:read", "mcp:write"]\n\n'
@@ -106,9 +115,7 @@ def write_config(path: Path, port: int, up_port: int, idp_port: int, half: list[
         f'[auth.jwt]\nissuer = "{idp}"\njwks_url = "{idp}/jwks"\nalgorithms = ["RS256"]\n\n'
         f'[auth.introspection]\nurl = "{idp}/introspect"\nclient_id = "{CLIENT["client_id"]}"\n'
         f'client_secret = "{CLIENT["client_secret"]}"\ncache_s = 3600\n\n'
-        f'[auth.resource]\npublic_base_url = "http://{HOST}:{port}"\n\n'
-        '[[policy.rules]]\nname = "all"\nscopes = ["mcp:write"]\ntools = ["*"]\n\n'
-        f'[[policy.rules]]\nname = "half"\nscopes = ["mcp:read"]\ntools = {json.dumps(half)}\n\n'
+        f'[auth.resource]\npublic_base_url = "http://{HOST}:{port}"\n\n{rules}'
         f'[upstreams.workspace]\nurl = "http://{HOST}:{up_port}/mcp"\n'
     )
 
@@ -141,17 +148,21 @@ def cpu_plan(opts: Any) -> tuple[set[int] | None, set[int] | None]:
     return {cpus[0]}, set(cpus[1:])
 
 
-def cached_runs(fleet: Fleet, proc: Any, port: int, up_port: int, tokens: dict[str, str], opts: Any) -> dict[str, Any]:
+def cached_runs(fleet: Fleet, targets: dict[str, tuple[Any, int, str]], up_port: int, opts: Any) -> dict[str, Any]:
+    """wrk on each side of :data:`SIDES`: ``targets`` maps it to (gateway process, port, token)."""
     server_cpus, wrk_cpus = cpu_plan(opts)
     every_cpu = os.sched_getaffinity(0)
     runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    procs = {proc.pid: proc for proc, _, _ in targets.values()}
     if server_cpus:
-        set_group_affinity(proc.pid, server_cpus)
+        for pid in procs:
+            set_group_affinity(pid, server_cpus)
     before = upstream_counts(up_port)
     try:
         for r in range(opts.rounds):
             k = r % len(SIDES)
             for side in SIDES[k:] + SIDES[:k]:
+                proc, port, token = targets[side]
                 log(f"auth: warm tools/list, {side} caller (round {r + 1}/{opts.rounds})")
                 runs[side].append(
                     wrk(
@@ -162,12 +173,13 @@ def cached_runs(fleet: Fleet, proc: Any, port: int, up_port: int, tokens: dict[s
                         duration=opts.duration,
                         server=proc,
                         cpus=wrk_cpus,
-                        authorization=f"Bearer {tokens[side]}",
+                        authorization=f"Bearer {token}",
                     )
                 )
     finally:
         if server_cpus:
-            set_group_affinity(proc.pid, every_cpu)
+            for pid in procs:
+                set_group_affinity(pid, every_cpu)
     during = upstream_counts(up_port) - before
 
     def ratio(a: str, b: str) -> tuple[float, list[float], float | None]:
@@ -182,6 +194,8 @@ def cached_runs(fleet: Fleet, proc: Any, port: int, up_port: int, tokens: dict[s
 
     jwt_ratio, jwt_all, jwt_cpu = ratio("jwt", "static")
     filtered_ratio, filtered_all, filtered_cpu = ratio("filtered", "static")
+    no_rules_ratio, no_rules_all, no_rules_cpu = ratio("filtered", "no_rules")
+    rules_ratio, rules_all, rules_cpu = ratio("static", "no_rules")
     return {
         "connections": opts.connections,
         "rounds": opts.rounds,
@@ -194,6 +208,12 @@ def cached_runs(fleet: Fleet, proc: Any, port: int, up_port: int, tokens: dict[s
         "filtered_ratio": filtered_ratio,
         "filtered_ratio_all": filtered_all,
         "filtered_cpu_ratio": filtered_cpu,
+        "filtered_to_no_rules_ratio": no_rules_ratio,
+        "filtered_to_no_rules_ratio_all": no_rules_all,
+        "filtered_to_no_rules_cpu_ratio": no_rules_cpu,
+        "rules_ratio": rules_ratio,
+        "rules_ratio_all": rules_all,
+        "rules_cpu_ratio": rules_cpu,
         "upstream_requests_during": dict(during),
     }
 
@@ -312,10 +332,13 @@ def run(fleet: Fleet, workdir: Path, up_port: int, opts: Any) -> dict[str, Any]:
     upstream = message(fetch(up_port, "POST", "/mcp", mcp_body("tools/list"), mcp_headers("tools/list"))[2])
     names = [t["name"] for t in upstream["result"]["tools"]]
     half = names[::2]
-    config = workdir / "gateway-auth.toml"
+    config, plain_config = workdir / "gateway-auth.toml", workdir / "gateway-auth-no-rules.toml"
+    plain_port = free_port()
     write_config(config, port, up_port, idp_port, half)
-    name = "gateway-auth"
+    write_config(plain_config, plain_port, up_port, idp_port, None)
+    name, plain_name = "gateway-auth", "gateway-auth-no-rules"
     proc = fleet.start(name, gateway_argv(config, 1, opts.log_level, opts.loop))
+    plain = fleet.start(plain_name, gateway_argv(plain_config, 1, opts.log_level, opts.loop))
     tokens = {
         "static": STATIC_ALL,
         "filtered": STATIC_HALF,
@@ -326,24 +349,30 @@ def run(fleet: Fleet, workdir: Path, up_port: int, opts: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"workers": 1, "tools": len(names), "half": len(half)}
     try:
         wait_ready(fleet, name, proc, lambda: fetch(port, "GET", "/readyz")[0] == 200)
+        wait_ready(fleet, plain_name, plain, lambda: fetch(plain_port, "GET", "/readyz")[0] == 200)
         log("auth: warming tools/list for each caller")
         for i in range(20):
             for token in tokens.values():
                 list_as(port, token, i)
+            list_as(plain_port, STATIC_ALL, i)
         out["checks"] = {
             "static": check(port, STATIC_ALL, len(names)),
             "jwt": check(port, tokens["jwt"], len(names)),
             "filtered": check(port, STATIC_HALF, len(half)),
             "opaque": check(port, tokens["opaque_warm"], len(names)),
+            "no_rules": check(plain_port, STATIC_ALL, len(names)),
         }
         for side, c in out["checks"].items():
             if not c["ok"]:
                 raise RuntimeError(f"auth: the {side} caller's tools/list is not what it should be: {c}")
-        out["cached"] = cached_runs(fleet, proc, port, up_port, tokens, opts)
+        targets = {side: (proc, port, tokens[side]) for side in ("static", "jwt", "filtered")}
+        targets["no_rules"] = (plain, plain_port, STATIC_ALL)
+        out["cached"] = cached_runs(fleet, targets, up_port, opts)
         out["tokens"] = token_costs(proc, port, idp_port, issuer, tokens, opts)
         out["verify_in_process"] = verify_in_process(issuer, opts)
     finally:
         fleet.stop(proc)
+        fleet.stop(plain)
         fleet.stop(idp)
     return out
 
@@ -388,6 +417,24 @@ def table(result: dict[str, Any], targets: dict[str, Any]) -> tuple[list[str], l
             f"{c['filtered_ratio']:.2f} ({min(c['filtered_ratio_all']):.2f}-{max(c['filtered_ratio_all']):.2f});"
             f" {c['filtered_cpu_ratio']}",
             f">= {targets['auth_filtered_ratio_min']}",
+        ),
+        (
+            f"the same, static token, on a gateway without `[[policy.rules]]` (the shared answer as it is,"
+            f" `cacheScope` {checks['no_rules']['cache_scope']})",
+            _side(c["no_rules"]),
+            "",
+        ),
+        (
+            "filtered / without rules req/s, median of rounds (range); CPU ratio",
+            f"{c['filtered_to_no_rules_ratio']:.2f} ({min(c['filtered_to_no_rules_ratio_all']):.2f}-"
+            f"{max(c['filtered_to_no_rules_ratio_all']):.2f}); {c['filtered_to_no_rules_cpu_ratio']}",
+            "",
+        ),
+        (
+            "with rules (the whole list) / without rules req/s, median of rounds (range); CPU ratio",
+            f"{c['rules_ratio']:.2f} ({min(c['rules_ratio_all']):.2f}-{max(c['rules_ratio_all']):.2f});"
+            f" {c['rules_cpu_ratio']}",
+            "",
         ),
         ("upstream requests during the list runs", str(sum(c["upstream_requests_during"].values())), "0"),
     ]
