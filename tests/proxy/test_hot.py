@@ -26,6 +26,9 @@ from gateway.proxy.hot import LEAN_RESPONSES, LeanResponse
 from ..support import ACCEPT, FakeClock, StartUpstream, V, rpc
 
 TOKEN = "t" * 24
+READER = "r" * 24
+#: Under a policy: the plain token sees "add" (tools) and no prompts; READER everything.
+RULES = [{"name": "all", "tools": ["add"]}, {"name": "more", "scopes": ["s"], "tools": ["*"], "prompts": ["*"]}]
 METHODS = ("tools/list", "prompts/list", "resources/list", "server/discover", "tools/call", "ping")
 
 
@@ -39,6 +42,8 @@ async def deterministic_upstream(request: web.Request, msg: dict[str, Any]) -> w
     result: dict[str, Any] = {"resultType": "complete", "echo": [method, params.get("cursor"), params.get("name")]}
     if method != "tools/call":
         result |= {"cacheScope": scope, "ttlMs": 30_000}
+    if method in ("tools/list", "prompts/list"):  # items a policy may filter
+        result[method.split("/")[0]] = [{"name": "add"}, {"name": "secret", "description": "é"}]
     return web.json_response({"jsonrpc": "2.0", "id": msg["id"], "result": result})
 
 
@@ -100,14 +105,14 @@ class Pair:
         assert answers[0] == answers[1], case
 
 
-@pytest.fixture
-async def pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Pair:
+async def start_pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream, **more: Any) -> Pair:
     up = await start_upstream(deterministic_upstream)
     config = parse_config(
         {
-            "auth": {"tokens": [TOKEN]},
+            "auth": {"tokens": [TOKEN], "static": [{"token": READER, "subject": "reader", "scopes": ["s"]}]},
             "registry": {"enabled": False},
             "upstreams": {"up": {"url": up.url}},
+            **more,
         },
         env={},
     )
@@ -115,6 +120,16 @@ async def pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUp
     hot = await aiohttp_client(await aiohttp_server(create_app(config, clock=clock)))
     plain = await aiohttp_client(await aiohttp_server(create_app(config, clock=clock, hot_path=False)))
     return Pair(hot, plain, clock)
+
+
+@pytest.fixture
+async def pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Pair:
+    return await start_pair(aiohttp_server, aiohttp_client, start_upstream)
+
+
+@pytest.fixture
+async def policy_pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Pair:
+    return await start_pair(aiohttp_server, aiohttp_client, start_upstream, policy={"rules": RULES})
 
 
 def test_the_app_serves_the_hot_proxy_and_the_plain_one_on_request() -> None:
@@ -143,3 +158,16 @@ def test_cache_hits_are_answered_with_the_lean_response_on_this_aiohttp() -> Non
     lean = LeanResponse(b'{"a":1}', headers.copy())
     assert vars(lean) == vars(web.Response(body=b'{"a":1}', headers=headers))
     assert isinstance(lean, web.Response) and lean.status == 200 and lean.body == b'{"a":1}'
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(cases=st.lists(st.tuples(requests, st.sampled_from([TOKEN, READER])), min_size=1, max_size=8))
+async def test_hot_and_plain_paths_answer_filtered_lists_byte_for_byte_alike(
+    policy_pair: Pair, cases: list[tuple[dict[str, Any], str]]
+) -> None:
+    for case, token in cases:
+        await policy_pair.send({**case, "token": token})
