@@ -214,10 +214,14 @@ def wrk(
     args: dict[str, Any] | None = None,
     server: subprocess.Popen[bytes] | None = None,
     cpus: set[int] | None = None,
+    authorization: str | None = None,
 ) -> dict[str, Any]:
     """One wrk run (1 thread); requests/s and latency percentiles in ms, and with ``server``
-    the CPU time its process group (all its workers) spent per request, in microseconds."""
+    the CPU time its process group (all its workers) spent per request, in microseconds.
+    ``authorization``: the ``Authorization`` header value of every request."""
     env = {"MCP_METHOD": method}
+    if authorization is not None:
+        env["MCP_AUTHORIZATION"] = authorization
     if name is not None:
         env["MCP_NAME"] = name
         env["MCP_ARGS"] = json.dumps(args or {}, separators=(",", ":"))

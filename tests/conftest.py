@@ -7,11 +7,13 @@
 * ``start_upstream``: serves a :class:`~tests.support.FakeUpstream` whose answers the test writes.
 * ``public_up``, ``private_up``, ``changing_up``: the real SDK servers of ``tests/servers/``
   (``public_upstream.py`` and so on), one process per test module (each takes a second to start).
+* ``authserver``: a real OAuth authorization server (``tests/support/authserver.py``), one
+  process per test module; its log is added to the report of a test that fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -24,7 +26,12 @@ from gateway.cache import Clock
 from gateway.config import parse_config
 
 from .support import FakeClock, FakeUpstream, Handler, RunningGateway, StartGateway, StartUpstream
+from .support.authserver import AuthServer, run_authserver
+from .support.authserver import tools_available as authserver_available
 from .support.fleet import Upstream, run_server
+
+#: The authorization server a test used, so that its log can join the test's failure report.
+_AUTHSERVER = pytest.StashKey[AuthServer]()
 
 
 @pytest.fixture
@@ -94,3 +101,28 @@ def changing_up() -> Iterator[Upstream]:
     """``changing_upstream.py``: adds a tool or changes ``res://counter`` when asked, and notifies."""
     with run_server("changing_upstream") as up:
         yield up
+
+
+@pytest.fixture(scope="module")
+def _authserver_process() -> Iterator[AuthServer]:
+    assert authserver_available(), "oidc-provider missing: run scripts/install-tools.sh (make test does)"
+    with run_authserver() as server:
+        yield server
+
+
+@pytest.fixture
+def authserver(_authserver_process: AuthServer, request: pytest.FixtureRequest) -> AuthServer:
+    """``tests/support/oidc/provider.mjs`` (oidc-provider): JWT access tokens, accounts engineer and ci."""
+    request.node.stash[_AUTHSERVER] = _authserver_process
+    return _authserver_process
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    server = item.stash.get(_AUTHSERVER, None)
+    if server is not None and report.failed:
+        report.sections.append(("oidc-provider log", server.log()))
+    return report

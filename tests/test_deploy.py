@@ -75,6 +75,7 @@ REQUIRED_ALERTS = {
     "MCPGatewayServingStale",
     "MCPGatewayConfigReloadFailed",
     "MCPGatewayConfigDrift",
+    "MCPGatewayAuthFailureBurst",
 }
 
 
@@ -284,6 +285,9 @@ def test_dashboard_content():
     assert "count by (sha256) (mcp_gateway_config_info" in exprs
     assert "max by (instance, sha256) (mcp_gateway_config_info" in exprs
     assert "sum by (outcome) (increase(mcp_gateway_config_reloads_total" in exprs
+    # auth: every outcome, and policy denials apart
+    assert "sum by (outcome) (rate(mcp_gateway_auth_total" in exprs
+    assert 'mcp_gateway_auth_total{job=~"$job", instance=~"$instance", outcome=~"denied|insufficient_scope"}' in exprs
 
 
 # ---------------------------------------------- manifests and tools

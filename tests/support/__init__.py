@@ -11,6 +11,9 @@
   :mod:`.running`: :class:`RunningGateway` (the ``start_gateway`` fixture's value).
 * :mod:`.fleet`: the real SDK servers of ``tests/servers/``, run as subprocesses (the legacy
   one on the older SDK too). :mod:`.conformance`: the official conformance suite.
+* :mod:`.authserver`: a real OAuth authorization server (oidc-provider, ``oidc/provider.mjs``);
+  :mod:`.oauth_client`: the SDK's own OAuth client in front of the gateway, its user played over
+  HTTP. :mod:`.idp`: a scriptable identity provider (a JWKS, introspection, fault modes).
 * :mod:`.cache`, :mod:`.telemetry`: builders for the unit tests of those subpackages.
 
 The names most modules need are importable from here.
