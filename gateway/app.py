@@ -303,17 +303,11 @@ def _preflight_handler(live: Live, cors: Cors) -> Handler:
     after the ``Host`` and ``Origin`` checks (421, 403); without an ``Origin``, the methods served."""
 
     async def preflight(request: web.Request) -> web.StreamResponse:
-        pipeline = live.proxy.pipeline
-        try:
-            pipeline.check_host(request)
-            pipeline.check_origin(request)
-        except GatewayError as err:
-            return error_response(err)
         if hdrs.ORIGIN not in request.headers:
             return web.Response(status=204, headers={"Allow": "POST, GET, DELETE, OPTIONS"})
         return cors.preflight(request)
 
-    return preflight
+    return _rebinding_checked(live, preflight)
 
 
 def _metadata_handler(live: Live) -> Handler:

@@ -207,13 +207,27 @@ def build_entry(
     ``None`` if the result cannot be written back (it holds a number beyond the float range) or
     cannot be split around its ``ttlMs``.
     """
-    result = dict(message["result"])
+    result = message["result"]
     ttl_ms = min(int(result["ttlMs"]), max_ttl_ms)
-    result["ttlMs"] = _PLACEHOLDER
+    split = _rendered(result)
+    if split is None:
+        return None
+    head, tail, size = split
+    expires_at = now + ttl_ms / 1000
+    keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
+    return CacheEntry(head, tail, now, expires_at, ttl_ms, size, keep_until, refresh_at)
+
+
+def _rendered(result: Mapping[str, Any]) -> tuple[memoryview, memoryview, int] | None:
+    """``result`` rendered as the rest of a response after its id, split around its ``ttlMs``
+    value: (head, tail, size in bytes), views of one buffer; ``None`` when it cannot be (a
+    number beyond the float range, or the placeholder found twice)."""
+    body = dict(result)
+    body["ttlMs"] = _PLACEHOLDER
     try:
         # A fresh, exact-size copy: orjson's own output buffer is over-allocated, and the
         # entry may live for an hour.
-        rendered = _RESULT + dumps(result) + b"}"
+        rendered = _RESULT + dumps(body) + b"}"
     except ValueError:  # a non-finite number parsed from an exotic literal: not storable
         return None
     at = rendered.find(_PLACEHOLDER_JSON)
@@ -221,9 +235,7 @@ def build_entry(
     if at < 0 or rendered.find(_PLACEHOLDER_JSON, end) >= 0:
         return None
     view = memoryview(rendered)
-    expires_at = now + ttl_ms / 1000
-    keep_until, refresh_at = lifetimes(expires_at, ttl_ms, stale_if_error_ms, refresh_ahead)
-    return CacheEntry(view[:at], view[end:], now, expires_at, ttl_ms, len(rendered), keep_until, refresh_at)
+    return view[:at], view[end:], len(rendered)
 
 
 def entry_result(entry: CacheEntry) -> dict[str, Any]:
@@ -237,26 +249,12 @@ def derive_entry(entry: CacheEntry, result: Mapping[str, Any]) -> CacheEntry | N
     """An entry answering ``result`` (another result made from ``entry``'s: a filtered view) with
     ``entry``'s lifetimes, so that it answers with the time ``entry`` has left. ``None`` when it
     cannot be rendered (as :func:`build_entry`)."""
-    body = dict(result)
-    body["ttlMs"] = _PLACEHOLDER
-    try:
-        rendered = _RESULT + dumps(body) + b"}"
-    except ValueError:
+    split = _rendered(result)
+    if split is None:
         return None
-    at = rendered.find(_PLACEHOLDER_JSON)
-    end = at + len(_PLACEHOLDER_JSON)
-    if at < 0 or rendered.find(_PLACEHOLDER_JSON, end) >= 0:
-        return None
-    view = memoryview(rendered)
+    head, tail, size = split
     return CacheEntry(
-        view[:at],
-        view[end:],
-        entry.stored_at,
-        entry.expires_at,
-        entry.ttl_ms,
-        len(rendered),
-        entry.keep_until,
-        entry.refresh_at,
+        head, tail, entry.stored_at, entry.expires_at, entry.ttl_ms, size, entry.keep_until, entry.refresh_at
     )
 
 
