@@ -421,7 +421,7 @@ async def _reload(request: web.Request) -> web.Response:
 
     Needs ``Authorization: Bearer <admin token>`` (401 otherwise). Answers 200 and
     ``{"reloaded": true, "config_sha256": ..., "added": [names], "removed": [...], "changed": [...],
-    "retuned": [...], "not_applied": [dotted keys]}`` (with ``"detail"`` when keys were not
+    "retuned": [...], "tables": [...], "not_applied": [dotted keys]}`` (with ``"detail"`` when keys were not
     applied); 400 and ``{"reloaded": false, "error": <check-config's message>, "config_sha256":
     <the one still served>}`` for an invalid file, which changes nothing; 409 likewise when this
     process cannot reload. In a ``--workers`` group the other workers reload too

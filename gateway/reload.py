@@ -59,6 +59,8 @@ log = logging.getLogger("mcp_gateway.reload")
 RESTART_TABLES: Final = ("listener", "cluster", "registry")
 #: Optional tables whose presence is fixed at start (their routes exist or not); their contents reload.
 FIXED_PRESENCE: Final = ("admin", "aggregate")
+#: The tables besides ``upstreams`` that a reload applies, named in its answer when they change.
+RELOADED_TABLES: Final = ("auth", "policy", "cache", "admin", "aggregate")
 #: With ``[cluster]``, how long ``POST /admin/reload`` waits for new identities to be shared, in seconds.
 SETTLE_S: Final = 2.0
 
@@ -74,13 +76,16 @@ def answer_settings(config: GatewayConfig, name: str) -> tuple[object, ...]:
 @dataclass(frozen=True, slots=True)
 class ConfigDiff:
     """What a reload from one config to another does, by upstream name (each in config order),
-    and ``not_applied``: the dotted keys (``listener.port``, ``cluster``) it leaves as they are."""
+    ``tables``: the other tables whose settings it changes (``auth``, ``policy``, ``cache``,
+    ``admin``, ``aggregate``), and ``not_applied``: the dotted keys (``listener.port``,
+    ``cluster``) it leaves as they are."""
 
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     retuned: tuple[str, ...] = ()
     not_applied: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
 
     @property
     def fresh(self) -> tuple[str, ...]:
@@ -100,7 +105,8 @@ def diff_configs(running: GatewayConfig, new: GatewayConfig) -> ConfigDiff:
     kept = [name for name in new.upstreams if name in running.upstreams]
     changed = tuple(name for name in kept if answer_settings(running, name) != answer_settings(new, name))
     retuned = tuple(name for name in kept if name not in changed and running.upstreams[name] != new.upstreams[name])
-    return ConfigDiff(added, removed, changed, retuned, _not_applied(running, new))
+    tables = tuple(t for t in RELOADED_TABLES if getattr(running, t) != getattr(new, t))
+    return ConfigDiff(added, removed, changed, retuned, _not_applied(running, new), tables)
 
 
 def _not_applied(running: GatewayConfig, new: GatewayConfig) -> tuple[str, ...]:
@@ -157,7 +163,7 @@ class Reload:
             return {"reloaded": False, "error": self.error, "config_sha256": self.sha256}
         assert self.diff is not None
         body: dict[str, Any] = {"reloaded": True, "config_sha256": self.sha256}
-        for name in ("added", "removed", "changed", "retuned", "not_applied"):
+        for name in ("added", "removed", "changed", "retuned", "tables", "not_applied"):
             body[name] = list(getattr(self.diff, name))
         if self.diff.not_applied:
             body["detail"] = f"not applied, a restart needed: {', '.join(self.diff.not_applied)}"
@@ -221,13 +227,15 @@ class Reloader:
         level = logging.WARNING if diff.not_applied else logging.INFO
         log.log(
             level,
-            "config reloaded (sha256 %s, applied in %.1f ms): added %s, removed %s, changed %s, retuned %s%s",
+            "config reloaded (sha256 %s, applied in %.1f ms): added %s, removed %s, changed %s, retuned %s, "
+            "tables %s%s",
             loaded.sha256,
             took_ms,
             list(diff.added),
             list(diff.removed),
             list(diff.changed),
             list(diff.retuned),
+            list(diff.tables),
             f"; not applied, a restart needed: {', '.join(diff.not_applied)}" if diff.not_applied else "",
         )
         return Reload(loaded.sha256, diff)

@@ -8,14 +8,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Final
 
 import jwt
 
 from .fetch import IdentityProviderError, SessionSource, fetch_json
 
-__all__ = ["KeySet"]
+__all__ = ["RETRY_WITHOUT_SET_S", "KeySet"]
 
 log = logging.getLogger("mcp_gateway.auth")
+
+#: How often the set is fetched again while none has been fetched yet (the IdP was down at the
+#: first token), in seconds: every token is refused until then.
+RETRY_WITHOUT_SET_S: Final = 1.0
 
 
 class KeySet:
@@ -23,7 +28,8 @@ class KeySet:
 
     * :meth:`key` finds a key by ``kid`` (or the only key, for a token without one), fetching
       the set first if it has none yet or does not hold that ``kid`` and the last fetch was
-      ``min_refetch_s`` or more ago. Concurrent callers share one fetch.
+      ``min_refetch_s`` or more ago (:data:`RETRY_WITHOUT_SET_S` while no set was ever
+      fetched). Concurrent callers share one fetch.
     * A fetch that fails (down, slow, not JSON, no usable key, too large) keeps the last good
       set and is logged as a WARNING.
     * Symmetric (``kty: oct``) keys and keys for encryption (``use: enc``) are never used: a
@@ -68,7 +74,9 @@ class KeySet:
         if found is not None:
             return found
         fetched_at = self._fetched_at
-        if fetched_at is not None and self._clock() - fetched_at < self.min_refetch_s and self._fetching is None:
+        # Until a first set is held, every token waits on it: retry sooner than for a new kid.
+        interval = self.min_refetch_s if self._keys is not None else min(self.min_refetch_s, RETRY_WITHOUT_SET_S)
+        if fetched_at is not None and self._clock() - fetched_at < interval and self._fetching is None:
             return None
         await self.refresh()
         return self.cached(kid)

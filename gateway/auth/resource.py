@@ -42,7 +42,10 @@ class Resources:
         self.scopes_supported: tuple[str, ...] = ()
         if auth is not None:
             configured = () if auth.resource is None else auth.resource.scopes_supported
-            self.scopes_supported = configured or auth.required_scopes
+            # By default every scope the gateway asks for: the required ones and those of the
+            # rules (a client registers with these and may ask for no others later).
+            named = dict.fromkeys((*auth.required_scopes, *(s for r in config.policy.rules for s in r.scopes)))
+            self.scopes_supported = configured or tuple(named)
         #: Whether the metadata routes answer (``[auth.jwt]``, ``[auth.introspection]`` or ``[auth.resource]``).
         self.published = base is not None and auth is not None and (auth.verifies or auth.resource is not None)
         self.aggregate = config.aggregate is not None

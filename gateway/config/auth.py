@@ -133,7 +133,9 @@ class ResourceConfig(_Model):
     authorization_servers: tuple[str, ...] = Field(
         (), description="Issuers callers get tokens from (default: [issuer])."
     )
-    scopes_supported: tuple[Scope, ...] = Field((), description="Scopes the metadata lists.")
+    scopes_supported: tuple[Scope, ...] = Field(
+        (), description="Scopes the metadata lists (default: required_scopes and every policy rule's scopes)."
+    )
 
     @field_validator("public_base_url")
     @classmethod

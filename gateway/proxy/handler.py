@@ -110,7 +110,10 @@ class Proxy:
         """``ex.upstream``, the upstream the path names. Raises :class:`NotFound` (HTTP 404, -32601)."""
         upstream = self.upstreams.get(ex.upstream_name)
         # An upstream no rule allows is an unknown upstream to this caller, whatever it asks.
-        if upstream is None or (ex.rights is not None and not ex.rights.allows_upstream(ex.upstream_name)):
+        hidden = upstream is not None and ex.rights is not None and not ex.rights.allows_upstream(ex.upstream_name)
+        if hidden:
+            self.pipeline.hidden(ex, ex.upstream_name)
+        if upstream is None or hidden:
             raise NotFound(
                 f"no upstream named {ex.upstream_name!r} behind this gateway",
                 request_id=request_id,

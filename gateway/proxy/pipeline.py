@@ -327,7 +327,16 @@ class Pipeline:
         ``mcp_gateway_auth_total{outcome="denied"}``."""
         assert self.policy is not None
         self.count_denied(ex)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("policy: %s %s of %s refused to %s (%s)", kind, name, upstream, _who(ex), _matched(ex))
         return self.policy.denial(ex.caller, kind, upstream, name, request_id, shown=shown)
+
+    def hidden(self, ex: Exchange, upstream: str) -> None:
+        """Count and log a request to ``upstream``, which no rule shows ``ex.caller`` (it is
+        answered as an unknown upstream): ``denied`` in ``mcp_gateway_auth_total``."""
+        self.count_denied(ex)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("policy: upstream %s hidden from %s (%s)", upstream, _who(ex), _matched(ex))
 
     # -- answer -------------------------------------------------------------------------------
 
@@ -401,3 +410,15 @@ class Pipeline:
                 ex.auth_outcome,
             )
         )
+
+
+def _who(ex: Exchange) -> str:
+    """The caller of ``ex`` as logs name it: its subject, or the kind of token it presented."""
+    caller = ex.caller
+    return caller.subject if caller.subject is not None else f"a {caller.kind} caller"
+
+
+def _matched(ex: Exchange) -> str:
+    """The rules ``ex.caller`` matched, as logs name them."""
+    rules = () if ex.rights is None else ex.rights.rules
+    return "matched rules: " + ", ".join(rule.name for rule in rules) if rules else "it matched no rule"

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from gateway.auth.keys import KeySet
+from gateway.auth.keys import RETRY_WITHOUT_SET_S, KeySet
 
 from ..support.clock import FakeClock
 from ..support.idp import FixtureIdp
@@ -73,3 +73,18 @@ async def test_symmetric_keys_in_the_set_are_never_used(idp: FixtureIdp, monkeyp
     keys = KeySet(idp.jwks_url, 30.0)
     assert await keys.key(idp.rsa_kid) is not None
     assert keys.cached("shared") is None
+
+
+async def test_an_idp_that_failed_the_first_fetch_is_asked_again_soon_not_after_the_refetch_interval(
+    idp: FixtureIdp, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    keys = KeySet(idp.jwks_url, 30.0, clock=clock)
+    idp.jwks_mode = "html"
+    with caplog.at_level(logging.WARNING, logger="mcp_gateway.auth"):
+        assert await keys.key(idp.rsa_kid) is None  # no key set yet
+    assert "no key set yet" in caplog.text
+    idp.jwks_mode = "ok"
+    assert await keys.key(idp.rsa_kid) is None and keys.fetches == 1  # at most one fetch a second
+    clock.advance(RETRY_WITHOUT_SET_S)
+    assert await keys.key(idp.rsa_kid) is not None and keys.fetches == 2  # not 30 s later

@@ -92,3 +92,19 @@ async def test_a_base_url_with_a_path_inserts_the_suffix_before_it(
             'resource_metadata="https://example.com/.well-known/oauth-protected-resource/gw/servers/pub/mcp"'
             in (r.headers["WWW-Authenticate"])
         )
+
+
+async def test_scopes_supported_default_to_every_scope_the_gateway_asks_for(
+    start_gateway: StartGateway, http: aiohttp.ClientSession, idp: FixtureIdp
+) -> None:
+    # A client registers for these scopes and may ask for no others: the rules' scopes must be there.
+    config = oauth_config(idp, UPSTREAM, required_scopes=["mcp:read"])
+    config["policy"] = {
+        "rules": [
+            {"name": "read", "scopes": ["mcp:read"], "tools": ["get_*"]},
+            {"name": "write", "scopes": ["mcp:read", "mcp:write"], "tools": ["*"]},
+        ]
+    }
+    gw = await start_gateway(config)
+    status, document = await get(http, gw.base_url + "/.well-known/oauth-protected-resource/servers/pub/mcp")
+    assert (status, document["scopes_supported"]) == (200, ["mcp:read", "mcp:write"])

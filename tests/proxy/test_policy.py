@@ -176,6 +176,8 @@ async def test_an_upstream_no_rule_allows_is_the_same_404_as_one_not_configured(
     status, _, _ = await call(http, gw, ADMIN, "tools/list", upstream="hidden")
     assert status == 200
     assert (await fetch_counts(public_up)).get("tools/list") == 1
+    # Each of the four hidden-upstream requests is a policy refusal (the unconfigured name is not).
+    assert denied(gw) == 4
 
 
 class Stream:

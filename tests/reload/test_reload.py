@@ -358,3 +358,12 @@ async def test_a_listener_change_is_named_as_not_applied_and_the_rest_applies(
         assert "listener.port" in body["detail"] and "restart" in body["detail"]
         assert (await tools_list(http, gw.url(0, "b"))).status == 200  # on the port it listens on
         assert "not applied, a restart needed: listener.port, listener.max_body_bytes" in gw.log(0)
+
+
+def test_a_reload_names_the_other_tables_it_changes() -> None:
+    up = {"a": {"url": "http://127.0.0.1:1/mcp"}}
+    rules = {"rules": [{"name": "r", "tools": ["get_*"]}]}
+    before = parse_config({"upstreams": up})
+    after = parse_config({"auth": {"tokens": ["t" * 16]}, "policy": rules, "upstreams": up})
+    assert diff_configs(before, after).tables == ("auth", "policy")
+    assert diff_configs(after, after).tables == ()
