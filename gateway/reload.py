@@ -307,6 +307,12 @@ class Reloader:
                 # /mcp's lists changed: its listening clients are told. (A changed member is told
                 # of by its own drop above; a removed one is no member of the hub's any more.)
                 parts.hub.purged(lambda _key: True, "reload")
+        if "auth" in diff.tables or "policy" in diff.tables:
+            # An open listen stream was authorized under the old [auth] and rules: each one ends,
+            # and its client listens again under the new ones.
+            old.proxy.forwarder.end_listening()
+            if parts.hub is not None:
+                parts.hub.end_all()
         metrics.serving(config.upstreams)  # in a group, a removed upstream's gauges leave the scrape
         for name in diff.removed:
             metrics.untrack_inflight(name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -311,7 +312,11 @@ class Aggregate:
         ex.detail = "listen"
         requested = (parsed.params or {}).get("notifications")
         members = None if ex.rights is None else self.visible(ex, list(self.members))
-        return await self.hub.serve(ex.request, parsed.request_id, requested, offered, ex.cache_status(), members)
+        expires_at = ex.caller.expires_at
+        ends_at = None if expires_at is None else asyncio.get_running_loop().time() + (expires_at - time.time())
+        return await self.hub.serve(
+            ex.request, parsed.request_id, requested, offered, ex.cache_status(), members, ends_at
+        )
 
     # -- composed answers ---------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ request's result).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
@@ -127,11 +128,14 @@ class ListenHub:
         offered: Collection[str],
         cache_status: str,
         members: Collection[str] | None = None,
+        ends_at: float | None = None,
     ) -> web.StreamResponse:
         """Answer a listen request: the acknowledgement, then the changes until the client goes
-        away or the gateway shuts down (then the listen result, and the stream ends). The
-        stream's ``Cache-Status`` is ``cache_status``; ``members``: the members the client may
-        see (per-caller policy; ``None``: all), the only ones whose changes it is told.
+        away, the gateway shuts down, a reload changes who may see what (:meth:`end_all`), or
+        ``ends_at`` (event-loop seconds: when the caller's token expires) comes; then the listen
+        result, and the stream ends. The stream's ``Cache-Status`` is ``cache_status``;
+        ``members``: the members the client may see (per-caller policy; ``None``: all), the only
+        ones whose changes it is told.
 
         Raises:
             Overloaded: ``max_listen_streams`` clients are listening (HTTP 503).
@@ -153,9 +157,13 @@ class ListenHub:
             await self._send(
                 request, out, client.event("notifications/subscriptions/acknowledged", {"notifications": granted})
             )
+            loop = asyncio.get_running_loop()
             while not client.ending:
+                left = math.inf if ends_at is None else ends_at - loop.time()
+                if left <= 0:
+                    break  # the caller's token expired: it listens again with a fresh one
                 try:
-                    await asyncio.wait_for(client.wake.wait(), KEEPALIVE_S)
+                    await asyncio.wait_for(client.wake.wait(), min(KEEPALIVE_S, left))
                 except TimeoutError:
                     await self._send(request, out, b": keep-alive\n\n")
                     continue
@@ -190,7 +198,12 @@ class ListenHub:
                 request.transport.abort()
             raise ConnectionResetError("the client stopped reading") from None
 
-    def close(self) -> None:
-        """End every stream gracefully (the app's shutdown)."""
+    def end_all(self) -> None:
+        """End every stream gracefully (a reload that changes ``[auth]`` or the rules: each
+        client listens again under the new ones)."""
         for client in self.clients:
             client.tell(None)
+
+    def close(self) -> None:
+        """End every stream gracefully (the app's shutdown)."""
+        self.end_all()

@@ -40,10 +40,12 @@ __all__ = ["Forwarder"]
 class _Relays:
     """The SSE answers being relayed now, and whether the gateway is stopping."""
 
-    __slots__ = ("closing", "streams")
+    __slots__ = ("closing", "listening", "streams")
 
     def __init__(self) -> None:
         self.streams: set[aiohttp.ClientResponse] = set()
+        #: Of those, the ``subscriptions/listen`` streams.
+        self.listening: set[aiohttp.ClientResponse] = set()
         self.closing = False
 
 
@@ -134,10 +136,13 @@ class Forwarder:
                 ex.fwd_status = resp.status
                 if resp.content_type == "text/event-stream":
                     self._streams.add(resp)
+                    if listen:
+                        self._relays.listening.add(resp)
                     try:
                         return await relay_stream(self, ex, upstream, resp)
                     finally:
                         self._streams.discard(resp)
+                        self._relays.listening.discard(resp)
                 deadline = asyncio.get_running_loop().time() + upstream.config.timeout_s
                 data = await upstream.read_body(resp, deadline)
                 return self._relay_body(ex, upstream, resp, data)
@@ -201,6 +206,13 @@ class Forwarder:
         finally:
             upstream.inflight -= 1
             self.metrics.request_metrics.upstream_request(upstream.name, method, time.perf_counter() - started)
+
+    def end_listening(self) -> None:
+        """End every ``subscriptions/listen`` stream being relayed (a reload that changes
+        ``[auth]`` or the rules): each caller gets a JSON-RPC error event and the end of its
+        stream, and listens again under the new config."""
+        for resp in list(self._relays.listening):
+            resp.close()
 
     async def close_streams(self) -> None:
         """End every SSE answer being relayed (the app's ``on_shutdown``): each caller still

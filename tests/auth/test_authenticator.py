@@ -291,20 +291,22 @@ async def test_every_mcp_route_authenticates_for_its_own_resource(
 async def test_a_listen_stream_ends_when_its_token_expires(
     start_gateway: StartGateway, http: aiohttp.ClientSession, changing_up: Upstream, idp: FixtureIdp
 ) -> None:
-    gw = await start_gateway(oauth_config(idp, changing_up.url))
+    gw = await start_gateway({**oauth_config(idp, changing_up.url), "aggregate": {}})
     body = json.dumps(rpc("subscriptions/listen", notifications={"toolsListChanged": True}))
-    lasting, brief = idp.mint(aud=resource("pub")), idp.mint(aud=resource("pub"), expires_in_s=2)
+    lasting = idp.mint(aud=resource("pub"))
+    brief = [idp.mint(aud=resource("pub"), expires_in_s=2), idp.mint(aud=f"{BASE}/mcp", expires_in_s=2)]
     streams = []
     try:
-        for token in (lasting, brief):
+        for token, url in ((lasting, gw.url("pub")), (brief[0], gw.url("pub")), (brief[1], gw.base_url + "/mcp")):
             headers = {**mcp_headers("subscriptions/listen"), "Authorization": f"Bearer {token}"}
-            resp = await http.post(gw.url("pub"), data=body, headers=headers)
+            resp = await http.post(url, data=body, headers=headers)
             assert resp.status == 200
             streams.append(resp)
         started = time.monotonic()
         async with asyncio.timeout(15):
-            while await streams[1].content.readany():  # until the stream ends
-                pass
+            for resp in streams[1:]:  # per upstream and on /mcp
+                while await resp.content.readany():  # until the stream ends
+                    pass
         assert 1 <= time.monotonic() - started < 10
         assert not streams[0].content.at_eof()  # the other caller's stream goes on
     finally:

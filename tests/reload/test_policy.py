@@ -4,6 +4,7 @@ rules keep their places in the file (one ``mcp-gateway serve`` process, ``SIGHUP
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -45,3 +46,27 @@ async def test_new_rules_apply_to_the_lists_kept_under_the_old_ones(
         assert [await tool_names(http, url) for url in routes] == [["add"], ["a__add"]]
         await sighup(gw, rewrite(gw, config(public_up, ["echo"])))
         assert [await tool_names(http, url) for url in routes] == [["echo"], ["a__echo"]]
+
+
+async def test_a_reload_that_changes_the_rules_ends_the_open_listen_streams(
+    tmp_path: Path, http: aiohttp.ClientSession, changing_up: Upstream
+) -> None:
+    # A stream was authorized under the old rules: it ends, and its client listens again under the new ones.
+    async with gateway(tmp_path, config(changing_up, ["add"])) as gw:
+        body = orjson.dumps(rpc("subscriptions/listen", notifications={"toolsListChanged": True}))
+        headers = {**mcp_headers("subscriptions/listen"), "Authorization": f"Bearer {READER}"}
+        streams = [
+            await http.post(url, data=body, headers=headers) for url in (gw.url(0, "a"), f"{gw.base_url(0)}/mcp")
+        ]
+        try:
+            for resp in streams:
+                assert resp.status == 200
+                assert b"acknowledged" in await resp.content.readuntil(b"\n\n")
+            await sighup(gw, rewrite(gw, config(changing_up, ["echo"])))
+            async with asyncio.timeout(10):
+                for resp in streams:
+                    while await resp.content.readany():  # until each stream ends
+                        pass
+        finally:
+            for resp in streams:
+                resp.close()

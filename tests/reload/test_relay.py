@@ -39,6 +39,9 @@ async def group(tmp_path: Path, config: Mapping[str, Any], *more_args: str) -> A
     gw = Replicas({"registry": {"enabled": False}, **config}, 1, tmp_path, extra_args=("--workers", "2", *more_args))
     try:
         await gw.start_all()
+        # Both workers' apps started: a reload asked earlier is done once more by a worker still
+        # starting (the one it noted, then the relayed one), which would miscount the reloads.
+        await wait_until(lambda: gw.log(0).count("Running on") == 2, what="both workers serving")
         yield gw
     finally:
         await gw.close()

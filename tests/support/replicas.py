@@ -321,7 +321,8 @@ class Replicas:
         """Replica ``index``'s ``/metrics``: ``{(sample name, sorted labels): value}``."""
         status, text = await self.get(index, "/metrics")
         if status != 200:
-            raise AssertionError(f"/metrics of replica {index}: {status} {text!r}")
+            tail = self.log(index)[-3000:]
+            raise AssertionError(f"/metrics of replica {index}: {status} {text!r}; its log ends:\n{tail}")
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for family in text_string_to_metric_families(str(text)):
             for sample in family.samples:
