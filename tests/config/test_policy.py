@@ -41,7 +41,7 @@ def test_a_rule_grants_every_upstream_and_nothing_else_by_default() -> None:
         ([{"name": "r", "claims": {"groups": ["eng", 1]}}], "'groups' must be a string or a non-empty list of strings"),
         ([{"name": "r", "claims": {"realm_access": {"roles": [True]}}}], "'realm_access.roles' must be"),
         ([{"name": "r", "claims": {"a.b": "x", "a": {"b": "y"}}}], "'a.b' is given twice"),
-        ([{"name": "r", "tool": ["*"]}], "policy.rules.0.tool"),
+        ([{"name": "r", "tool": ["*"]}], r"policy\.rules\[0\]\.tool: unknown key \(did you mean `tools`\?\)"),
     ],
 )
 def test_a_bad_rule_is_a_load_error_naming_its_key(rules: list[dict[str, Any]], message: str) -> None:
