@@ -14,7 +14,7 @@ from pydantic import ConfigDict, Field, HttpUrl, ValidationInfo, field_validator
 
 from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken
 from .base import _Model, located_error
-from .policy import PolicyConfig, check_rule_upstreams
+from .policy import PolicyConfig, check_rule_callers, check_rule_upstreams
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -478,6 +478,8 @@ class GatewayConfig(_Model):
         upstreams = info.data.get("upstreams")
         if upstreams is not None:  # else the upstreams were wrong, and say so
             check_rule_upstreams(value, upstreams)
+        if "auth" in info.data:  # else [auth] was wrong, and says so
+            check_rule_callers(value, info.data["auth"])
         return value
 
     def vary_on_capabilities(self, upstream: str) -> bool:
