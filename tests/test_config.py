@@ -122,7 +122,7 @@ def test_read_config_gives_the_sha256_of_the_file_bytes(tmp_path: Path) -> None:
         ({"upstreams": {"bad name": {"url": "http://x/mcp"}}}, "upstreams.bad name"),
         ({"upstreams": {"a": {"url": "http://x/mcp", "headers": {"Host": "y"}}}}, "upstreams.a.headers"),
         ({"surprise": 1}, "surprise"),
-        ({"auth": {"tokens": ["short"]}}, "auth.tokens.0"),
+        ({"auth": {"tokens": ["short"]}}, "auth.tokens[0]"),
     ],
 )
 def test_invalid_or_unknown_keys_are_named(data: dict[str, object], key: str) -> None:

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Final, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from .base import AT
 from .model import GatewayConfig
 
 __all__ = ["ConfigError", "LoadedConfig", "load_config", "parse_config", "read_config", "secret_files"]
@@ -126,36 +127,112 @@ def _unwrap(node: Any) -> Any:
             return node
 
 
-def _keys_of_table(table: tuple[str, ...]) -> tuple[str, ...]:
-    """The keys allowed in the table at ``table`` (``("cache",)``, ``("upstreams", "a")``, ``()``
-    for the top level), or none when ``table`` is not a table of the model."""
+#: A key's place in the config: table and key names, and the index of an array's element
+#: (``("policy", "rules", 0, "tools")``, written ``policy.rules[0].tools``).
+Loc = tuple[str | int, ...]
+
+
+def _node_at(loc: Loc) -> Any:
+    """The type of the value at ``loc`` in the model (a model class, ``tuple[X, ...]``, a
+    ``Mapping``...), or None when ``loc`` is not in the model."""
     node: Any = GatewayConfig
-    for part in table:
+    for part in loc:
         node = _unwrap(node)
-        if isinstance(node, type) and issubclass(node, BaseModel):
+        if isinstance(part, int):
+            if get_origin(node) is not tuple:
+                return None
+            node = get_args(node)[0]
+        elif isinstance(node, type) and issubclass(node, BaseModel):
             field = node.model_fields.get(part)
             if field is None:
-                return ()
+                return None
             node = field.annotation
         elif get_origin(node) is Mapping:
             node = get_args(node)[1]
         else:
-            return ()
-    node = _unwrap(node)
-    return tuple(node.model_fields) if isinstance(node, type) and issubclass(node, BaseModel) else ()
+            return None
+    return _unwrap(node)
 
 
-def _unknown_key(loc: tuple[str, ...]) -> str:
-    """``unknown key``, with the closest key allowed in its table when one is close enough."""
-    close = difflib.get_close_matches(loc[-1], _keys_of_table(loc[:-1]), n=1)
-    return f"unknown key (did you mean `{close[0]}`?)" if close else "unknown key"
+def _is_model(node: Any) -> bool:
+    return isinstance(node, type) and issubclass(node, BaseModel)
+
+
+def _keys_of_table(table: Loc) -> tuple[str, ...]:
+    """The keys allowed in the table at ``table`` (``("cache",)``, ``("upstreams", "a")``,
+    ``("policy", "rules", 0)``, ``()`` for the top level), or none when it is not a table of the model."""
+    node = _node_at(table)
+    return tuple(node.model_fields) if _is_model(node) else ()
+
+
+def _dotted(loc: Loc) -> str:
+    """``("policy", "rules", 0, "tools")`` -> ``policy.rules[0].tools``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else part
+    return out
+
+
+def _header(table: tuple[str, ...]) -> str:
+    """How the table at ``table`` is written: ``[auth.jwt]``, ``[[auth.static]]``, ``[upstreams.NAME]``."""
+    node = _node_at(table)
+    if get_origin(node) is tuple:
+        return f"[[{_dotted(table)}]]"
+    return f"[{_dotted(table)}.NAME]" if get_origin(node) is Mapping else f"[{_dotted(table)}]"
+
+
+def _elsewhere(key: str, table: Loc) -> str | None:
+    """The header of a table next to ``table`` (in the same parent) that has ``key``, if one does."""
+    own = table
+    while own and isinstance(own[-1], int):
+        own = own[:-1]
+    parent = own[:-1]
+    model = _node_at(parent)
+    if not own or not _is_model(model) or not all(isinstance(part, str) for part in parent):
+        return None
+    for name, field in model.model_fields.items():
+        node = _unwrap(field.annotation)
+        origin = get_origin(node)
+        entry = get_args(node)[0 if origin is tuple else -1] if origin in (tuple, Mapping) else node
+        if name != own[-1] and _is_model(entry) and key in entry.model_fields:
+            return _header((*parent, name))  # type: ignore[arg-type]  # all str: checked above
+    return None
+
+
+def _unknown_key(loc: Loc) -> str:
+    """``unknown key``, with the closest key allowed in its table when one is close enough, else
+    the table next to it where the key belongs."""
+    key = str(loc[-1])
+    close = difflib.get_close_matches(key, _keys_of_table(loc[:-1]), n=1)
+    if close:
+        return f"unknown key (did you mean `{close[0]}`?)"
+    there = _elsewhere(key, loc[:-1])
+    return f"unknown key (`{key}` belongs in `{there}`)" if there else "unknown key"
+
+
+def _wrong_shape(kind: str, loc: Loc, value: Any) -> str | None:
+    """What to write instead, for a value that is not the list (``kind`` ``tuple_type``) or the
+    table (``model_type``) the key needs; None when pydantic's own words are clear enough."""
+    node = _node_at(loc)
+    named = all(isinstance(part, str) for part in loc)
+    if kind == "tuple_type" and get_origin(node) is tuple:
+        if _is_model(get_args(node)[0]) and named and loc:
+            # [auth.static] is one table; an array of tables is written [[auth.static]], once per entry.
+            one = f", not `[{_dotted(loc)}]`" if isinstance(value, dict) else ""
+            return f"must be an array of tables: write `[[{_dotted(loc)}]]` (double brackets) for each entry{one}"
+        example = json.dumps([value], ensure_ascii=False) if isinstance(value, str | int | float) else '["..."]'
+        return f"must be a list (e.g. `{example}`)"
+    if kind == "model_type" and _is_model(node) and named and loc:
+        twice = " (one table), not `[[" + _dotted(loc) + "]]`" if isinstance(value, list) else ""
+        return f"must be a table: write `[{_dotted(loc)}]`{twice}"
+    return None
 
 
 # Just enough of TOML's key syntax to find the line of a key in a file that tomllib parsed.
 _KEY_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
 _DOTTED = rf"(?:{_KEY_PART.pattern})(?:[ \t]*\.[ \t]*(?:{_KEY_PART.pattern}))*"
 _TABLE_LINE = re.compile(rf"[ \t]*\[[ \t]*({_DOTTED})[ \t]*\][ \t]*(?:#.*)?")
-_ARRAY_TABLE_LINE = re.compile(r"[ \t]*\[\[")
+_ARRAY_TABLE_LINE = re.compile(rf"[ \t]*\[\[[ \t]*({_DOTTED})[ \t]*\]\][ \t]*(?:#.*)?")
 _KEY_LINE = re.compile(rf"[ \t]*({_DOTTED})[ \t]*=")
 
 
@@ -175,13 +252,29 @@ def _split_key(dotted: str) -> tuple[str, ...] | None:
     return tuple(parts)
 
 
-def _key_lines(text: str) -> dict[tuple[str, ...], list[int]]:
+def _resolve(header: tuple[str, ...], arrays: dict[Loc, int], new_entry: bool) -> Loc:
+    """The full path of the table a header opens: each array of tables on the way stands for its
+    last entry so far (TOML 1.0, 'Array of Tables'); with ``new_entry`` (a ``[[...]]`` header) the
+    header's own array gains one, counted in ``arrays`` (path of the array -> its entries)."""
+    path: Loc = ()
+    for i, part in enumerate(header):
+        path = (*path, part)
+        if new_entry and i == len(header) - 1:
+            arrays[path] = arrays.get(path, 0) + 1
+            path = (*path, arrays[path] - 1)
+        elif path in arrays:
+            path = (*path, arrays[path] - 1)
+    return path
+
+
+def _key_lines(text: str) -> dict[Loc, list[int]]:
     """The lines (1-based) where each table header and key of a valid TOML ``text`` appears,
-    by full path (``[upstreams.a]`` then ``timeout = 3``: ``("upstreams", "a", "timeout")``).
-    Keys inside inline tables and arrays of tables are not found; lines inside multi-line
-    strings are skipped."""
-    found: dict[tuple[str, ...], list[int]] = {}
-    table: tuple[str, ...] | None = ()
+    by full path (``[upstreams.a]`` then ``timeout = 3``: ``("upstreams", "a", "timeout")``;
+    the second ``[[policy.rules]]`` then ``tools = []``: ``("policy", "rules", 1, "tools")``).
+    Keys inside inline tables are not found; lines inside multi-line strings are skipped."""
+    found: dict[Loc, list[int]] = {}
+    arrays: dict[Loc, int] = {}
+    table: Loc | None = ()
     in_string = False
     for number, line in enumerate(text.splitlines(), 1):
         quotes = line.count('"""') + line.count("'''")
@@ -189,37 +282,52 @@ def _key_lines(text: str) -> dict[tuple[str, ...], list[int]]:
             in_string = quotes % 2 == 0
             continue
         in_string = quotes % 2 == 1
-        if _ARRAY_TABLE_LINE.match(line):
-            table = None
-        elif header := _TABLE_LINE.fullmatch(line):
-            table = _split_key(header.group(1))
+        header = _ARRAY_TABLE_LINE.fullmatch(line) or _TABLE_LINE.fullmatch(line)
+        if header:
+            parts = _split_key(header.group(1))
+            table = None if parts is None else _resolve(parts, arrays, header.re is _ARRAY_TABLE_LINE)
             if table is not None:
                 found.setdefault(table, []).append(number)
+        elif line.lstrip().startswith("["):
+            table = None  # a header this reader cannot follow: no line is certain until the next one
         elif table is not None and (key := _KEY_LINE.match(line)):
             path = _split_key(key.group(1))
             if path is not None:
-                found.setdefault(table + path, []).append(number)
+                found.setdefault((*table, *path), []).append(number)
     return found
 
 
 def _problems(exc: ValidationError, source: str | None) -> str:
     """One ``[line N: ]KEY: what is wrong`` per error of ``exc``, joined with ``; `` in the order
     of their lines (those without one last); the line only when ``source`` (the file's text) has
-    exactly one line for the key (or, for a missing key, for its table)."""
+    exactly one line for the key (or the array it is an element of; for a missing key, its
+    table). KEY is written ``policy.rules[0].tools``."""
     lines = _key_lines(source) if source is not None else {}
     out: list[tuple[int, str]] = []
     for err in exc.errors():
-        path: list[str] = []
-        for part in err["loc"]:
-            if not isinstance(part, str) or part == "[key]":
+        # A validator that checks a whole table names the key at fault below it (base.located_error).
+        full: Loc = (*err["loc"], *err.get("ctx", {}).get(AT, ()))
+        path: Loc = ()
+        for part in full:
+            if part == "[key]":
                 break
-            path.append(part)
-        loc = ".".join(str(part) for part in err["loc"]) or "(top level)"
-        # pydantic prefixes a validator's own message with "Value error, ": the message is ours alone.
-        msg = (
-            _unknown_key(tuple(path)) if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+            path = (*path, part)
+        loc = _dotted(full) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            msg = _unknown_key(path)
+        else:
+            # pydantic prefixes a validator's own message with "Value error, ": the message is ours alone.
+            msg = _wrong_shape(err["type"], path, err["input"]) or err["msg"].removeprefix("Value error, ")
+        value_of = path
+        while value_of and isinstance(value_of[-1], int):
+            value_of = value_of[:-1]  # an element of an array written on its key's line
+        at = (
+            lines.get(path)
+            or lines.get(value_of)
+            or (lines.get(path[:-1]) if err["type"] == "missing" and path else None)
+            # [[auth.jwt]] written once for [auth.jwt]: the line of that one entry.
+            or (lines.get((*path, 0)) if err["type"] == "model_type" and (*path, 1) not in lines else None)
         )
-        at = lines.get(tuple(path)) or (lines.get(tuple(path[:-1])) if err["type"] == "missing" and path else None)
         if at and len(at) == 1:
             out.append((at[0], f"line {at[0]}: {loc}: {msg}"))
         else:

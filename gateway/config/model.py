@@ -11,11 +11,10 @@ from typing import Annotated, Final
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken
-from .base import _Model
-from .policy import PolicyConfig, check_rule_upstreams
+from .base import _Model, located_error
+from .policy import PolicyConfig, check_rule_callers, check_rule_upstreams
 
 __all__ = [
     "AGGREGATE_SERVER_NAME",
@@ -416,7 +415,7 @@ class GatewayConfig(_Model):
             return value
         members = value.upstreams if value.upstreams is not None else tuple(upstreams)
         if not members:
-            raise _aggregate_error(
+            raise located_error(
                 "upstreams: names no member (leave the key out for every upstream)"
                 if value.upstreams is not None
                 else "there are no upstreams to aggregate"
@@ -425,15 +424,15 @@ class GatewayConfig(_Model):
             if name not in upstreams:
                 close = difflib.get_close_matches(name, list(upstreams), n=1)
                 hint = f"did you mean {close[0]!r}? " if close else ""
-                raise _aggregate_error(
+                raise located_error(
                     f"upstreams: no upstream named {name!r} ({hint}the upstreams are {', '.join(upstreams)})"
                 )
             if members.count(name) > 1:
-                raise _aggregate_error(f"upstreams: {name!r} is listed twice")
+                raise located_error(f"upstreams: {name!r} is listed twice")
         if AGGREGATE_SERVER_NAME in upstreams:
             # /v0.1/servers lists POST /mcp as '<server_namespace>/aggregate' (gateway.registry.views).
             namespace = getattr(info.data.get("registry"), "server_namespace", "")
-            raise _aggregate_error(
+            raise located_error(
                 f"with [aggregate] no upstream may be named {AGGREGATE_SERVER_NAME!r} (/v0.1/servers lists "
                 f"POST /mcp as '{namespace}/{AGGREGATE_SERVER_NAME}'); rename the upstream"
             )
@@ -443,7 +442,7 @@ class GatewayConfig(_Model):
                 # one + sep a prefix of other + sep: "<other><sep>x" reads as a name of either.
                 if other != one and (other + sep).startswith(one + sep):
                     exposed = f"{other}{sep}x"
-                    raise _aggregate_error(
+                    raise located_error(
                         f"separator: members {one!r} and {other!r} with separator {sep!r} make names like "
                         f"{exposed!r} ambiguous (tool {exposed[len(one + sep) :]!r} of {one!r}, or 'x' of {other!r}): "
                         "choose a separator that no member name continues another's with"
@@ -479,6 +478,8 @@ class GatewayConfig(_Model):
         upstreams = info.data.get("upstreams")
         if upstreams is not None:  # else the upstreams were wrong, and say so
             check_rule_upstreams(value, upstreams)
+        if "auth" in info.data:  # else [auth] was wrong, and says so
+            check_rule_callers(value, info.data["auth"])
         return value
 
     def vary_on_capabilities(self, upstream: str) -> bool:
@@ -495,8 +496,3 @@ class GatewayConfig(_Model):
         """Whether ``upstream``'s entries in demand are fetched again before they expire."""
         override = self.upstreams[upstream].refresh_ahead
         return self.cache.refresh_ahead if override is None else override
-
-
-def _aggregate_error(message: str) -> PydanticCustomError:
-    """An error of ``[aggregate]``, in plain words (pydantic would prefix a ValueError's)."""
-    return PydanticCustomError("aggregate", message)

@@ -9,9 +9,17 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from .base import _Model
+from .auth import AuthConfig
+from .base import _Model, located_error
 
-__all__ = ["GLOB_CHARACTERS", "PolicyConfig", "PolicyRule", "check_rule_upstreams", "flatten_claims"]
+__all__ = [
+    "GLOB_CHARACTERS",
+    "PolicyConfig",
+    "PolicyRule",
+    "check_rule_callers",
+    "check_rule_upstreams",
+    "flatten_claims",
+]
 
 #: The characters that make an ``upstreams`` entry a glob (``fnmatch``); without any, it names
 #: one upstream, which must exist.
@@ -109,3 +117,44 @@ def check_rule_upstreams(policy: PolicyConfig, upstreams: Collection[str]) -> No
                     f"rules {rule.name!r}: upstreams: no upstream named {name!r} "
                     f"({hint}the upstreams are {', '.join(upstreams) or 'none'})"
                 )
+
+
+def check_rule_callers(policy: PolicyConfig, auth: AuthConfig | None) -> None:
+    """Some caller ``auth`` admits can match each rule: ``claims`` only a caller of ``[auth.jwt]``
+    or ``[auth.introspection]`` holds (plain and ``[[auth.static]]`` tokens hold none); ``scopes``
+    such a caller, or an ``[[auth.static]]`` entry holding them all (without ``[auth]`` every
+    caller is anonymous and holds none).
+
+    Raises:
+        pydantic_core.PydanticCustomError: naming the rule, at its ``claims`` or ``scopes``
+            (:func:`gateway.config.base.located_error`).
+    """
+    verifies = auth is not None and auth.verifies
+    for index, rule in enumerate(policy.rules):
+        never = f"rule {rule.name!r} can never match: "
+        if rule.claims and not verifies:
+            raise located_error(
+                never + "only callers of [auth.jwt] or [auth.introspection] hold claims (plain tokens and "
+                "[[auth.static]] entries hold none); configure one of them or remove claims",
+                "rules",
+                index,
+                "claims",
+            )
+        if not rule.scopes or verifies:
+            continue
+        if auth is None:
+            raise located_error(
+                never + "without [auth] every caller is anonymous and holds no scopes; add [auth] "
+                "([[auth.static]] entries with scopes, [auth.jwt] or [auth.introspection]) or remove scopes",
+                "rules",
+                index,
+                "scopes",
+            )
+        if not any(set(rule.scopes) <= set(entry.scopes) for entry in auth.static):
+            raise located_error(
+                never + f"no caller holds all of {', '.join(rule.scopes)} (plain tokens hold no scopes, no "
+                "[[auth.static]] entry holds them all, and there is no [auth.jwt] or [auth.introspection])",
+                "rules",
+                index,
+                "scopes",
+            )
