@@ -35,6 +35,7 @@ from harness import (
     log,
     mcp_call,
     median_run,
+    run_summary,
     set_group_affinity,
     upstream_counts,
     wait_ready,
@@ -250,11 +251,6 @@ def run(fleet: Fleet, workdir: Path, up_port: int, opts: Any, call: tuple[str, d
 # -- report -------------------------------------------------------------------------------------------------
 
 
-def _side(x: dict[str, Any]) -> str:
-    latency = f"p50 {x['p50_ms']:.2f} ms, p99 {x['p99_ms']:.2f} ms"
-    return f"{x['rps']:.0f} req/s, {latency}, CPU {x['cpu_us_per_request']} µs/req"
-
-
 def table(result: dict[str, Any], targets: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
     """The "Aggregate" table: its title, header and rows (no rows without the aggregate part)."""
     g = result.get("aggregate")
@@ -274,12 +270,12 @@ def table(result: dict[str, Any], targets: dict[str, Any]) -> tuple[list[str], l
     rows = [
         (
             f"warm `tools/list` on `/mcp` ({a['tools']} tools, {a['response_bytes']} B)",
-            _side(lists["aggregate"]),
+            run_summary(lists["aggregate"]),
             "",
         ),
         (
             f"warm `tools/list` on `/servers/a/mcp` ({p['tools']} tools, {p['response_bytes']} B)",
-            _side(lists["per_upstream"]),
+            run_summary(lists["per_upstream"]),
             "",
         ),
         (

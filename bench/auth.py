@@ -55,6 +55,7 @@ from harness import (
     median_run,
     percentile,
     run_async,
+    run_summary,
     set_group_affinity,
     upstream_counts,
     wait_ready,
@@ -380,11 +381,6 @@ def run(fleet: Fleet, workdir: Path, up_port: int, opts: Any) -> dict[str, Any]:
 # -- report ---------------------------------------------------------------------------------------------
 
 
-def _side(x: dict[str, Any]) -> str:
-    latency = f"p50 {x['p50_ms']:.2f} ms, p99 {x['p99_ms']:.2f} ms"
-    return f"{x['rps']:.0f} req/s, {latency}, CPU {x['cpu_us_per_request']} µs/req"
-
-
 def table(result: dict[str, Any], targets: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
     """The "Auth" table: its title, header and rows (no rows without the auth part)."""
     a = result.get("auth")
@@ -399,12 +395,12 @@ def table(result: dict[str, Any], targets: dict[str, Any]) -> tuple[list[str], l
     ]
     header = ["| measure | figure | target |", "|---|---|---|"]
     rows = [
-        (f"warm `tools/list`, static token ({checks['static']['tools']} tools)", _side(c["static"]), ""),
-        (f"the same, a JWT caller ({checks['jwt']['tools']} tools)", _side(c["jwt"]), ""),
+        (f"warm `tools/list`, static token ({checks['static']['tools']} tools)", run_summary(c["static"]), ""),
+        (f"the same, a JWT caller ({checks['jwt']['tools']} tools)", run_summary(c["jwt"]), ""),
         (
             f"the same, filtered by a rule keeping {a['half']} of {a['tools']} tools"
             f" ({checks['filtered']['response_bytes']} B, `cacheScope` {checks['filtered']['cache_scope']})",
-            _side(c["filtered"]),
+            run_summary(c["filtered"]),
             "",
         ),
         (
@@ -421,7 +417,7 @@ def table(result: dict[str, Any], targets: dict[str, Any]) -> tuple[list[str], l
         (
             f"the same, static token, on a gateway without `[[policy.rules]]` (the shared answer as it is,"
             f" `cacheScope` {checks['no_rules']['cache_scope']})",
-            _side(c["no_rules"]),
+            run_summary(c["no_rules"]),
             "",
         ),
         (

@@ -107,6 +107,12 @@ class Fleet:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def run_summary(x: dict[str, Any]) -> str:
+    """One wrk run as a table cell: requests/s, p50 and p99 latency (ms), CPU per request (µs)."""
+    latency = f"p50 {x['p50_ms']:.2f} ms, p99 {x['p99_ms']:.2f} ms"
+    return f"{x['rps']:.0f} req/s, {latency}, CPU {x['cpu_us_per_request']} µs/req"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import _Model
 
-__all__ = ["AuthConfig", "IntrospectionConfig", "JwtConfig", "ResourceConfig", "StaticToken"]
+__all__ = ["AuthConfig", "IntrospectionConfig", "JwtConfig", "ResourceConfig", "StaticToken", "loopback_host"]
 
 #: A bearer token of the config: long enough not to be guessed (use ${ENV} or ${file:} references).
 Token = Annotated[str, Field(min_length=16)]
@@ -27,7 +27,8 @@ ASYMMETRIC_ALGORITHMS: Final = frozenset(
 )
 
 
-def _loopback_host(host: str) -> bool:
+def loopback_host(host: str) -> bool:
+    """Whether ``host`` (a URL's host name) is ``localhost`` or a loopback address."""
     if host == "localhost":
         return True
     try:
@@ -42,7 +43,7 @@ def identity_provider_url(value: str, key: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{key} must be an https:// URL, got {value!r}")
-    if parts.scheme == "http" and not _loopback_host(parts.hostname):
+    if parts.scheme == "http" and not loopback_host(parts.hostname):
         raise ValueError(
             f"{key} must use https:// (plain http:// only to a loopback host: 127.0.0.0/8, ::1, localhost), "
             f"got {value!r}"

@@ -4,7 +4,6 @@ checks (docs/configuration.md). Loading it from TOML is :mod:`.load`."""
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Annotated, Final
@@ -12,7 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import ConfigDict, Field, HttpUrl, ValidationInfo, field_validator, model_validator
 
-from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken
+from .auth import AuthConfig, IntrospectionConfig, JwtConfig, ResourceConfig, StaticToken, loopback_host
 from .base import _Model, located_error
 from .policy import PolicyConfig, check_rule_callers, check_rule_upstreams
 
@@ -339,13 +338,7 @@ class ClusterConfig(_Model):
 
 def _on_loopback(url: str) -> bool:
     """Whether the host of a Redis URL (already validated) is a loopback address or ``localhost``."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return loopback_host(urlsplit(url).hostname or "")
 
 
 _ENCODE_HINT: Final = "percent-encode / @ : # ? and % in a password"
