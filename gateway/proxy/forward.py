@@ -15,16 +15,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Final
 
 import aiohttp
 from aiohttp import web
+from cachetools import LRUCache
 from multidict import CIMultiDict
 
 from ..cache import Answer, CacheKey, CacheLookup, Lead, ReadThrough, StoreOutcome
 from ..cache.private import PrivateAnswers
 from ..codec import loads, loads_relayed
 from ..config import GatewayConfig
-from ..errors import BadGateway, GatewayError, Overloaded
+from ..errors import BadGateway, GatewayError, NotFound, Overloaded
 from ..jsonrpc import error_code, response_id_matches
 from ..protocol import H_NAME, encode_header_value
 from ..telemetry import GatewayMetrics
@@ -37,16 +39,25 @@ from .writing import CallerWriter
 __all__ = ["Forwarder"]
 
 
-class _Relays:
-    """The SSE answers being relayed now, and whether the gateway is stopping."""
+#: Legacy sessions whose opener is remembered (the oldest forgotten first).
+MAX_SESSIONS: Final = 10_000
+_SESSION_ID: Final = "Mcp-Session-Id"
 
-    __slots__ = ("closing", "listening", "streams")
+
+class _Relays:
+    """What every forwarder of the app shares across reloads: the SSE answers being relayed now,
+    whether the gateway is stopping, and who opened each legacy session."""
+
+    __slots__ = ("closing", "listening", "sessions", "streams")
 
     def __init__(self) -> None:
         self.streams: set[aiohttp.ClientResponse] = set()
         #: Of those, the ``subscriptions/listen`` streams.
         self.listening: set[aiohttp.ClientResponse] = set()
         self.closing = False
+        #: A legacy session's ``Mcp-Session-Id`` → the authorization context of the caller that
+        #: opened it (with gateway auth only).
+        self.sessions: LRUCache[str, bytes] = LRUCache(MAX_SESSIONS)
 
 
 class Forwarder:
@@ -120,6 +131,7 @@ class Forwarder:
             )
         if not listen:
             self.check_inflight(upstream, ex.request_id)
+        self.check_session(ex)
         try:
             headers = self.request_headers(ex.request, upstream, ex.mcp_name)
         except GatewayError as err:
@@ -273,7 +285,26 @@ class Forwarder:
         ex.large = len(data) > LARGE_BODY_BYTES
         return web.Response(body=data, status=status, headers=self.passthrough_headers(ex, resp))
 
+    def check_session(self, ex: Exchange) -> None:
+        """A legacy session (``Mcp-Session-Id``, MCP 2025-11-25, basic/transports, 'Session
+        Management') is used only by the caller that opened it: another caller's request in it
+        is answered as an unknown session (HTTP 404), never forwarded. A session this process did
+        not see open (another replica's, or before a restart) is passed on as it comes.
+
+        Raises:
+            NotFound: the session was opened by another caller.
+        """
+        session = ex.request.headers.get(_SESSION_ID)
+        if session is None or not ex.caller.context:
+            return
+        opener = self._relays.sessions.get(session)
+        if opener is not None and opener != ex.caller.context:
+            raise NotFound("Session not found", request_id=ex.request_id)
+
     def passthrough_headers(self, ex: Exchange, resp: aiohttp.ClientResponse) -> CIMultiDict[str]:
+        session = resp.headers.get(_SESSION_ID)
+        if session is not None and ex.caller.context and _SESSION_ID not in ex.request.headers:
+            self._relays.sessions[session] = ex.caller.context  # a session opened: by this caller
         out: CIMultiDict[str] = CIMultiDict()
         for name in RESPONSE_HEADERS:
             for value in resp.headers.getall(name, ()):
