@@ -273,17 +273,9 @@ async def reload_on_sighup(app: web.Application) -> None:
 
 def _post_handler(live: Live, name: str | None) -> Handler:
     """``POST /servers/{name}/mcp`` on the live proxy: of ``name``, or (``None``) of the name in the path."""
-    if name is None:
-
-        async def post_any(request: web.Request) -> web.StreamResponse:
-            proxy = live.proxy
-            return await proxy.pipeline.serve(proxy, request, request.match_info["name"])
-
-        return post_any
 
     async def post(request: web.Request) -> web.StreamResponse:
-        proxy = live.proxy
-        return await proxy.pipeline.serve(proxy, request, name)
+        return await live.proxy.handle_post(request, name)
 
     return post
 

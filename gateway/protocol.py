@@ -183,60 +183,78 @@ def parse_request(body: bytes, headers: MultiMapping[str]) -> ParsedRequest:
     cacheable request parsed before but for its integer ``id`` (the same headers too).
 
     A cache hit's own work is mostly parsing its request (bench/RESULTS.md), and a client asking
-    again sends the same text with the next id. Such a request is parsed whole the first time;
-    then the text without the id, with the headers the parse reads, names its result, and a
-    request that differs only in the id gets that result with its own id (the same ``params``
-    object: read-only). Only requests whose id is the value right after ``"jsonrpc":"2.0"`` at
-    the start of the text, or the last member before the final ``}``, and is a plain integer
-    (no sign, no leading zero, at most 18 digits), qualify: the id's place in the text is then
-    certain (``,"id":`` before the last ``}`` cannot be inside a string of valid JSON), and
-    swapping one such integer for another changes nothing else. Anything else, and every error,
-    comes from :func:`plain_parse_request`, which this must equal (tests/test_protocol_templates.py).
+    again sends the same text with the next id. Such a request (:func:`request_template`) is
+    parsed whole the first time; then its template names its result, and a request of the same
+    template gets that result with its own id (the same ``params`` object: read-only). Anything
+    else, and every error, comes from :func:`plain_parse_request`, which this must equal
+    (tests/test_protocol_templates.py).
     """
-    # ✂ fast version of plain_parse_request, for the texts described above
-    if len(body) <= _TEMPLATE_MAX_BYTES and H_SESSION_ID not in headers:
-        token = rest = b""
-        if body.startswith(_ID_FIRST):
-            end = body.find(b",", _ID_FIRST_LEN)
-            if end > 0:
-                token, rest = body[_ID_FIRST_LEN:end], body[end:]  # rest starts with ","
-        elif body.endswith(b"}"):
-            at = body.rfind(_ID_LAST)
-            if at > 0:
-                token, rest = body[at + _ID_LAST_LEN : -1], body[:at]  # rest starts with "{"
-        if token.isdigit() and len(token) <= 18 and (token[0] != 0x30 or len(token) == 1) and rest:
-            versions = headers.getall(H_PROTOCOL_VERSION, ())
-            methods = headers.getall(H_METHOD, ())
-            if len(versions) == 1 and len(methods) == 1:
-                method = methods[0]
-                names = tuple(headers.getall(H_NAME, ())) if method in NAME_FIELD else ()
-                key = (rest, versions[0], method, names)
-                template = _TEMPLATES.get(key)
-                request_id = int(token)
-                if template is not None:
-                    return ParsedRequest(
-                        "request", request_id, template.method, "modern", template.version, template.params, None
-                    )
-                parsed = plain_parse_request(body, headers)
-                if parsed.cache_bypass is None and parsed.request_id == request_id:
-                    if len(_TEMPLATES) >= _TEMPLATES_MAX:
-                        del _TEMPLATES[next(iter(_TEMPLATES))]  # the oldest
-                    _TEMPLATES[key] = parsed
-                return parsed
+    # ✂ fast version of plain_parse_request, for the texts request_template describes
+    found = request_template(body, headers)
+    if found is None:
+        return plain_parse_request(body, headers)
+    request_id, key = found
+    template = _TEMPLATES.get(key)
+    if template is not None:
+        return ParsedRequest("request", request_id, template.method, "modern", template.version, template.params, None)
+    parsed = plain_parse_request(body, headers)
+    if parsed.cache_bypass is None and parsed.request_id == request_id:
+        if len(_TEMPLATES) >= TEMPLATES_MAX:
+            del _TEMPLATES[next(iter(_TEMPLATES))]  # the oldest
+        _TEMPLATES[key] = parsed
+    return parsed
     # ✂
-    return plain_parse_request(body, headers)
 
 
-#: The parses :func:`parse_request` remembers, by (the text without the id, the
+#: What names a request's parse but for its id: the text without the id, the
 #: ``MCP-Protocol-Version`` and ``Mcp-Method`` values, the ``Mcp-Name`` values where the method
-#: has a name): a pure function's results, so one table serves every app of the process.
-_TEMPLATES: Final[dict[tuple[bytes, str, str, tuple[str, ...]], ParsedRequest]] = {}
+#: has a name.
+Template = tuple[bytes, str, str, tuple[str, ...]]
+
+
+def request_template(body: bytes, headers: MultiMapping[str]) -> tuple[int, Template] | None:
+    """``(id, template)`` when ``body`` with ``headers`` parses as every request of its template
+    does but for its integer ``id``, else ``None``: what :func:`parse_request` remembers parses
+    by, and the hot path its cache keys (gateway.proxy.hot).
+
+    Only texts of at most :data:`TEMPLATE_MAX_BYTES`, without an ``Mcp-Session-Id``, whose id
+    is the value right after ``"jsonrpc":"2.0"`` at the start of the text, or the last member
+    before the final ``}``, and is a plain integer (no sign, no leading zero, at most 18
+    digits), with one ``MCP-Protocol-Version`` and one ``Mcp-Method``, qualify: the id's place in
+    the text is then certain (``,"id":`` before the last ``}`` cannot be inside a string of valid
+    JSON), and swapping one such integer for another changes nothing else.
+    """
+    if len(body) > TEMPLATE_MAX_BYTES or H_SESSION_ID in headers:
+        return None
+    token = rest = b""
+    if body.startswith(_ID_FIRST):
+        end = body.find(b",", _ID_FIRST_LEN)
+        if end > 0:
+            token, rest = body[_ID_FIRST_LEN:end], body[end:]  # rest starts with ","
+    elif body.endswith(b"}"):
+        at = body.rfind(_ID_LAST)
+        if at > 0:
+            token, rest = body[at + _ID_LAST_LEN : -1], body[:at]  # rest starts with "{"
+    if not (token.isdigit() and len(token) <= 18 and (token[0] != 0x30 or len(token) == 1) and rest):
+        return None
+    versions = headers.getall(H_PROTOCOL_VERSION, ())
+    methods = headers.getall(H_METHOD, ())
+    if len(versions) != 1 or len(methods) != 1:
+        return None
+    method = methods[0]
+    names = tuple(headers.getall(H_NAME, ())) if method in NAME_FIELD else ()
+    return int(token), (rest, versions[0], method, names)
+
+
+#: The parses :func:`parse_request` remembers, by template (:func:`request_template`): a pure
+#: function's results, so one table serves every app of the process.
+_TEMPLATES: Final[dict[Template, ParsedRequest]] = {}
 #: At most this many (the oldest goes first), of texts of at most this many bytes (a list or
 #: discover request is 150 to 400): 6 MiB with their parsed params at worst (measured with 512
 #: texts of 1 KiB of short strings), however many different requests callers send; past that
 #: many different requests in turn, each is parsed whole again.
-_TEMPLATES_MAX: Final = 512
-_TEMPLATE_MAX_BYTES: Final = 1024
+TEMPLATES_MAX: Final = 512
+TEMPLATE_MAX_BYTES: Final = 1024
 _ID_FIRST: Final = b'{"jsonrpc":"2.0","id":'
 _ID_FIRST_LEN: Final = len(_ID_FIRST)
 _ID_LAST: Final = b',"id":'

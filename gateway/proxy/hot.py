@@ -1,27 +1,35 @@
-"""The cache-hit path's speed-up, in one place: :class:`HotProxy`, the proxy the app serves.
+"""The cache-hit path's speed-ups, in one place: :class:`HotProxy`, the proxy the app serves.
 
-The override below is the fast version of one plain method of
+Each override below is the fast version of one plain method of
 :class:`~gateway.proxy.handler.Proxy`, marked with the name of the method it stands in for, and
 must answer exactly as it does: ``tests/proxy/test_hot.py`` sends generated requests through a
-gateway built on each and compares the responses byte for byte. ``create_app(..., hot_path=False)``
-(``mcp-gateway serve --plain-path``) serves the plain ``Proxy``; the benchmark measures both
-(bench/RESULTS.md).
+gateway built on each and compares the responses byte for byte, and the request records too.
+``create_app(..., hot_path=False)`` (``mcp-gateway serve --plain-path``) serves the plain
+``Proxy``; the benchmark measures both (bench/RESULTS.md).
 
-What it buys, on a cached ``tools/list`` (bench/RESULTS.md): ``hit`` answers with a ``200 OK``
-of ready bytes built without ``web.Response``'s argument handling and header conversion
-(:class:`LeanResponse`).
+What they buy, on a cached ``tools/list`` (bench/RESULTS.md):
+
+- ``handle_post`` answers the commonest request, a fresh small entry's hit with no ``[auth]``
+  and no rules, in one step, without the pipeline's :class:`~gateway.proxy.exchange.Exchange`
+  and its step-by-step calls; whatever else it meets goes on to the plain pipeline, which
+  decides it from the start (with the body, when it was taken).
+- ``hit`` answers with a ``200 OK`` of ready bytes built without ``web.Response``'s argument
+  handling and header conversion (:class:`LeanResponse`).
 """
 
 from __future__ import annotations
 
-from typing import Final
+import time
+from typing import Any, Final
 
 from aiohttp import web
 from multidict import CIMultiDict, istr
 
-from ..cache import CacheEntry
+from ..cache import CacheEntry, CacheKey
 from ..cache.readthrough import COALESCED, HIT, SHARED
 from ..codec import id_json
+from ..errors import GatewayError
+from ..protocol import TEMPLATES_MAX, Template, method_label, parse_request, request_template
 from .exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from .handler import Proxy
 
@@ -71,7 +79,93 @@ _CACHE_STATUS: Final = istr("Cache-Status")
 
 
 class HotProxy(Proxy):
-    """:class:`Proxy` with the hit path's speed-up (see the module)."""
+    """:class:`Proxy` with the hit path's speed-ups (see the module)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        pipeline = self.pipeline
+        #: Whether :meth:`handle_post` answers hits itself: every caller is the anonymous one,
+        #: with every right (no ``[auth]``, no rules), and LeanResponse builds web.Response.
+        self.lean_hits = LEAN_RESPONSES and not pipeline.authenticator.enabled and pipeline.policy is None
+        #: The cache key and method label of each request template (gateway.protocol) seen on
+        #: an upstream's route, by (upstream, template): a request of a known template is
+        #: neither parsed nor keyed again. At most ``TEMPLATES_MAX`` (the oldest goes first);
+        #: none for upstreams whose key holds the caller's ``Authorization``.
+        self.plans: dict[tuple[str, Template], tuple[CacheKey, str]] = {}
+        self.plain_keys = {name for name, (_, forwards) in self.key_options.items() if not forwards}
+
+    async def handle_post(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
+        # ✂ fast version of Proxy.handle_post (Pipeline.serve on this route) for a request on a
+        # configured upstream's own route whose Host and Origin pass at a glance, whose body has
+        # arrived, and whose answer is a fresh small entry: the same answer and record, in one
+        # step. Anything else goes to the pipeline, which decides it from the start (with the
+        # body once it is taken: it is read only once).
+        pipeline = self.pipeline
+        if not self.lean_hits or upstream_name is None or not pipeline.usual_connection(request):
+            return await super().handle_post(request, upstream_name)
+        started = time.perf_counter()
+        content = request.content
+        if not content.is_eof() or content.exception() is not None:
+            return await pipeline.serve(self, request, upstream_name)
+        body = content.read_nowait()
+        try:
+            response = self.lean_hit(request, upstream_name, body, started)
+        except Exception:  # a bug: the pipeline answers it as one (Pipeline.internal_error)
+            response = None
+        if response is None:
+            return await pipeline.serve(self, request, upstream_name, body)
+        return response
+
+    def lean_hit(self, request: web.Request, name: str, body: bytes, started: float) -> LeanResponse | None:
+        """The answer and record of :meth:`handle_post`'s request (``body`` its body,
+        ``started`` when it came in, ``time.perf_counter()`` seconds) if it is a hit the pipeline
+        would answer as :meth:`hit` does, else ``None`` (nothing answered or recorded)."""
+        if len(body) > self.pipeline.max_body:
+            return None
+        found = request_template(body, request.headers)
+        plan = None if found is None else self.plans.get((name, found[1]))
+        if found is not None and plan is not None:
+            # What parse_request and key gave for this template: its key, the request's own id.
+            request_id: object = found[0]
+            key, method = plan
+        else:
+            keyed = self.key_of(request, name, body)
+            if keyed is None:
+                return None
+            request_id, key, method = keyed
+            if found is not None and name in self.plain_keys:
+                if len(self.plans) >= TEMPLATES_MAX:
+                    del self.plans[next(iter(self.plans))]  # the oldest
+                self.plans[name, found[1]] = key, method
+        entry = self.store.get(key)
+        if entry is None or entry.size > LARGE_BODY_BYTES:
+            return None
+        now = self.clock()
+        if now >= entry.refresh_at:  # refresh-ahead: the plain path starts the refresh
+            return None
+        answer, ttl_ms = entry.hit(id_json(request_id), now)
+        if len(answer) > LARGE_BODY_BYTES:  # a long id: written in chunks (Pipeline.send)
+            return None
+        status = hit_status(ttl_ms, False)
+        headers = _JSON_HEADERS.copy()
+        headers[_CACHE_STATUS] = status
+        self.pipeline.record_hit(name, method, status, started)
+        return LeanResponse(answer, headers)
+        # ✂
+
+    def key_of(self, request: web.Request, name: str, body: bytes) -> tuple[object, CacheKey, str] | None:
+        """``(id, cache key, method label)`` of the request ``body`` on upstream ``name``'s route
+        as the pipeline finds them (:meth:`Pipeline.parse`, :meth:`key`), or ``None`` when it
+        would answer otherwise than from the cache (no such upstream, a bad request, a bypass)."""
+        upstream = self.upstreams.get(name)
+        if upstream is None:
+            return None
+        try:
+            parsed = parse_request(body, request.headers)
+        except GatewayError:
+            return None
+        key, _ = self.key(upstream, parsed, request)
+        return None if key is None else (parsed.request_id, key, method_label(parsed.method))
 
     def hit(
         self, ex: Exchange, entry: CacheEntry, *, collapsed: bool = False, shared: bool = False

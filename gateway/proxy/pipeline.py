@@ -38,6 +38,7 @@ from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestPayloadError
 
 from ..auth import ANONYMOUS, INVALID, Authenticator, SessionSource, presented_token
+from ..cache.readthrough import HIT
 from ..config import GatewayConfig
 from ..errors import (
     Forbidden,
@@ -140,9 +141,13 @@ class Pipeline:
         self.max_body = config.listener.max_body_bytes
         self.body_timeout_s = config.listener.body_timeout_s
 
-    async def serve(self, route: Route, request: web.Request, name: str) -> web.StreamResponse:
+    async def serve(
+        self, route: Route, request: web.Request, name: str, body: bytes | None = None
+    ) -> web.StreamResponse:
         """The pipeline (see the module) of ``request`` on ``route``; ``name``: the upstream the
-        path names (the route's own name for ``/mcp``)."""
+        path names (the route's own name for ``/mcp``); ``body``: the request's body when the
+        caller has taken it from the connection already (:class:`~gateway.proxy.hot.HotProxy`),
+        held to ``listener.max_body_bytes`` as a body read here is."""
         started = time.perf_counter()
         ex = Exchange(request, name)
         response: web.StreamResponse | None = None
@@ -161,9 +166,12 @@ class Pipeline:
             if route.reads_body:
                 route.admit(ex)
                 try:
-                    body = self.body_now(request)
                     if body is None:
-                        body = await self.read_body(request)
+                        body = self.body_now(request)
+                        if body is None:
+                            body = await self.read_body(request)
+                    elif len(body) > self.max_body:
+                        raise self.too_large()
                 except GatewayError:  # too large, too slow, undecodable: told once authenticated
                     self.authenticate(ex, None)
                     route.resolve(ex, None)
@@ -214,6 +222,22 @@ class Pipeline:
         if not self.origin_policy.origin_allowed(origin, sockname(request)):
             raise Forbidden(f"origin {origin!r} is not allowed")
 
+    def usual_connection(self, request: web.Request) -> bool:
+        """Whether :meth:`check_host` and :meth:`check_origin` pass at a glance: ``Host`` and
+        ``Origin`` absent or among the listener's own (what nearly every request sends). A
+        ``False`` is no refusal: the two checks decide."""
+        headers = request.headers
+        if self.check_hosts:
+            host = headers.get(hdrs.HOST)
+            if host is not None and host not in self.hosts:
+                return False
+        origin = headers.get(hdrs.ORIGIN)
+        return origin is None or origin in self.origins
+
+    def too_large(self) -> PayloadTooLarge:
+        """The error of a body over ``listener.max_body_bytes`` (HTTP 413)."""
+        return PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+
     def body_now(self, request: web.Request) -> bytes | None:
         """The whole body if it has arrived already (a small POST has, before the handler runs),
         taken from the connection's buffer without a copy; ``None`` when it must be awaited
@@ -227,7 +251,7 @@ class Pipeline:
             return None
         body = content.read_nowait()
         if len(body) > self.max_body:
-            raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+            raise self.too_large()
         return body
 
     async def read_body(self, request: web.Request) -> bytes:
@@ -241,7 +265,7 @@ class Pipeline:
             ParseError: the body does not decode as its ``Content-Encoding`` says (HTTP 400).
         """
         if (request.content_length or 0) > self.max_body:  # refused before it is sent
-            err = PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+            err = self.too_large()
             err.close_connection = True  # the body may follow: the connection cannot be reused
             raise err
         try:
@@ -251,11 +275,11 @@ class Pipeline:
         except TimeoutError as exc:
             raise RequestTimeout(f"request body not received within {self.body_timeout_s:g} s") from exc
         except web.HTTPRequestEntityTooLarge as exc:
-            raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes") from exc
+            raise self.too_large() from exc
         except RequestPayloadError as exc:  # e.g. Content-Encoding: gzip that is not gzip
             raise ParseError("Parse error: the body cannot be decoded as its Content-Encoding says") from exc
         if len(body) > self.max_body:
-            raise PayloadTooLarge(f"request body exceeds {self.max_body} bytes")
+            raise self.too_large()
         return body
 
     def parse(self, ex: Exchange, body: bytes, route: Route) -> ParsedRequest:
@@ -408,6 +432,18 @@ class Pipeline:
                 ex.upstream_seconds,
                 ex.caller.subject,
                 ex.auth_outcome,
+            )
+        )
+
+    def record_hit(self, label: str, method: str, cache_status: str, started: float) -> None:
+        """:meth:`record` of a ``POST`` answered ``200`` from a fresh entry of upstream ``label``
+        with no ``[auth]`` (the record the hot path keeps, :class:`~gateway.proxy.hot.HotProxy`):
+        ``method`` the method label, ``cache_status`` the answer's ``Cache-Status``, ``started``
+        the ``time.perf_counter()`` seconds the request came in at."""
+        ended = time.perf_counter()
+        self.journal.add(
+            RequestRecord(
+                label, method, "POST", 200, None, HIT.cache, cache_status, ended - started, HIT, ended, None, None, None
             )
         )
 

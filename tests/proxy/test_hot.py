@@ -2,8 +2,11 @@
 
 Two gateways, one on each, share a fake clock and sit in front of one deterministic upstream;
 every generated sequence of requests goes to both in the same order, so their caches hold the
-same entries, and every answer must agree in status, headers (but ``Date``) and body. The lean
-response a hit is answered with is held to what ``web.Response`` builds.
+same entries, and every answer must agree in status, headers (but ``Date``) and body, and every
+request record (but its times). The lean response a hit is answered with is held to what
+``web.Response`` builds. Without ``[auth]`` the hot proxy answers most hits in one step
+(``HotProxy.lean_hit``): the tests count those, so that the comparison is not of the plain
+path with itself.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from gateway.app import PROXY, create_app
 from gateway.config import parse_config
 from gateway.proxy import HotProxy, Proxy
 from gateway.proxy.hot import LEAN_RESPONSES, LeanResponse
+from gateway.telemetry import RequestRecord
 
-from ..support import ACCEPT, FakeClock, StartUpstream, V, rpc
+from ..support import ACCEPT, FakeClock, FakeUpstream, StartUpstream, V, rpc
+from ..support.polling import wait_until
 
 TOKEN = "t" * 24
 READER = "r" * 24
@@ -70,21 +75,56 @@ requests = st.fixed_dictionaries(
         "host": st.sampled_from([None, "localhost", "[::1]:{port}", "evil.example", "evil.example:8080"]),
         "header_method": st.sampled_from(["same", None, "tools/call"]),
         "advance_s": st.sampled_from([0.0, 0.0, 0.4, 12.0]),
-        "body": st.sampled_from(["json", "json", "garbage", "batch"]),
+        # compact: the text SDK clients send, whose id parse_request and the hot path find
+        # (gateway.protocol.request_template); id_last: the same with the id last.
+        "body": st.sampled_from(["json", "compact", "compact", "id_last", "garbage", "batch"]),
     }
 )
 
 
+def body_of(kind: str, msg: dict[str, Any]) -> str:
+    """The text of ``msg`` as ``kind`` (see ``requests``)."""
+    if kind == "compact":
+        return json.dumps(msg, separators=(",", ":"))
+    if kind == "id_last":
+        rest = {k: v for k, v in msg.items() if k != "id"}
+        return json.dumps({**rest, "id": msg["id"]}, separators=(",", ":"))
+    return {"json": json.dumps(msg), "garbage": '{"jsonrpc":', "batch": json.dumps([msg])}[kind]
+
+
+def timeless(record: RequestRecord) -> RequestRecord:
+    """``record`` without its times (which differ between any two requests)."""
+    upstream_seconds = None if record.upstream_seconds is None else 0.0
+    return record._replace(seconds=0.0, ended=0.0, upstream_seconds=upstream_seconds)
+
+
 class Pair:
-    """The same gateway twice: on HotProxy and on the plain Proxy."""
+    """The same gateway twice: on HotProxy and on the plain Proxy, with the request records of
+    each (``records``) and how many answers the hot one made in one step (``lean``)."""
 
     def __init__(self, hot: TestClient[Any, Any], plain: TestClient[Any, Any], clock: FakeClock) -> None:
         self.hot, self.plain, self.clock = hot, plain, clock
+        self.records: tuple[list[RequestRecord], list[RequestRecord]] = ([], [])
+        self.upstream: FakeUpstream | None = None
+        self.lean = 0
+        for client, records in zip((hot, plain), self.records, strict=True):
+            journal = client.server.app[PROXY].pipeline.journal
+            journal.add = lambda record, add=journal.add, records=records: (records.append(record), add(record))[1]
+        proxy = hot.server.app[PROXY]
+        assert isinstance(proxy, HotProxy)
+        lean_hit = proxy.lean_hit
+
+        def counted(*args: Any) -> LeanResponse | None:
+            response = lean_hit(*args)
+            self.lean += response is not None
+            return response
+
+        proxy.lean_hit = counted  # type: ignore[method-assign]
 
     async def send(self, case: dict[str, Any]) -> None:
         self.clock.advance(case["advance_s"])
         msg = request_of(case["method"], case["id"], case["cursor"], case["caps"])
-        body = {"json": json.dumps(msg), "garbage": '{"jsonrpc":', "batch": json.dumps([msg])}[case["body"]]
+        body = body_of(case["body"], msg)
         headers = {"Content-Type": "application/json", "Accept": ACCEPT}
         headers["MCP-Protocol-Version"] = V
         if case["header_method"] is not None:
@@ -103,13 +143,20 @@ class Pair:
                 kept = [(k, v) for k, v in resp.headers.items() if k.lower() != "date"]
                 answers.append((resp.status, kept, await resp.read()))
         assert answers[0] == answers[1], case
+        hot, plain = ([timeless(record) for record in records] for records in self.records)
+        assert hot == plain, case
 
 
-async def start_pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream, **more: Any) -> Pair:
+AUTH = {"tokens": [TOKEN], "static": [{"token": READER, "subject": "reader", "scopes": ["s"]}]}
+
+
+async def start_pair(
+    aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream, *, auth: bool = True, **more: Any
+) -> Pair:
     up = await start_upstream(deterministic_upstream)
     config = parse_config(
         {
-            "auth": {"tokens": [TOKEN], "static": [{"token": READER, "subject": "reader", "scopes": ["s"]}]},
+            **({"auth": AUTH} if auth else {}),
             "registry": {"enabled": False},
             "upstreams": {"up": {"url": up.url}},
             **more,
@@ -119,7 +166,9 @@ async def start_pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: S
     clock = FakeClock()
     hot = await aiohttp_client(await aiohttp_server(create_app(config, clock=clock)))
     plain = await aiohttp_client(await aiohttp_server(create_app(config, clock=clock, hot_path=False)))
-    return Pair(hot, plain, clock)
+    pair = Pair(hot, plain, clock)
+    pair.upstream = up
+    return pair
 
 
 @pytest.fixture
@@ -130,6 +179,12 @@ async def pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUp
 @pytest.fixture
 async def policy_pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Pair:
     return await start_pair(aiohttp_server, aiohttp_client, start_upstream, policy={"rules": RULES})
+
+
+@pytest.fixture
+async def open_pair(aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream) -> Pair:
+    """Without [auth]: the hot proxy answers hits in one step (lean_hit)."""
+    return await start_pair(aiohttp_server, aiohttp_client, start_upstream, auth=False)
 
 
 def test_the_app_serves_the_hot_proxy_and_the_plain_one_on_request() -> None:
@@ -171,3 +226,69 @@ async def test_hot_and_plain_paths_answer_filtered_lists_byte_for_byte_alike(
 ) -> None:
     for case, token in cases:
         await policy_pair.send({**case, "token": token})
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(cases=st.lists(requests, min_size=1, max_size=8))
+async def test_hot_and_plain_paths_answer_and_record_alike_without_auth(
+    open_pair: Pair, cases: list[dict[str, Any]]
+) -> None:
+    for case in cases:
+        await open_pair.send(case)
+
+
+async def test_without_auth_a_repeated_request_is_a_lean_hit_with_the_plain_answer_and_record(open_pair: Pair) -> None:
+    """The one-step answer is taken (else the comparison above would hold trivially), for the
+    id first and last, and a request of another template is still keyed as its own."""
+    base = {"id": 1, "cursor": None, "caps": {}, "token": None, "origin": None, "host": None}
+    case = {**base, "method": "tools/list", "header_method": "same", "advance_s": 0.0, "body": "compact"}
+    await open_pair.send(case)  # the miss, then hits under new ids
+    for id_, body in ((2, "compact"), (31, "compact"), (4, "id_last"), (5, "id_last")):
+        await open_pair.send({**case, "id": id_, "body": body})
+    await open_pair.send({**case, "id": 6, "cursor": "a"})  # another key: a miss, then a hit
+    await open_pair.send({**case, "id": 7, "cursor": "a"})
+    assert open_pair.lean == 5
+    lookups = [record.lookup for record in open_pair.records[0]]
+    assert lookups == ["miss", "hit", "hit", "hit", "hit", "miss", "hit"]
+
+
+async def test_a_remembered_template_is_no_way_around_the_body_limit_or_expiry(
+    aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream
+) -> None:
+    pair = await start_pair(
+        aiohttp_server, aiohttp_client, start_upstream, auth=False, listener={"max_body_bytes": 200}
+    )
+    base = {"id": 1, "cursor": None, "caps": {}, "token": None, "origin": None, "host": None}
+    case = {**base, "method": "tools/list", "header_method": "same", "advance_s": 0.0, "body": "compact"}
+    await pair.send(case)
+    await pair.send({**case, "id": 2})
+    await pair.send({**case, "id": 3, "cursor": "x" * 200})  # over the limit: 413 from both
+    await pair.send({**case, "id": 4, "advance_s": 31.0})  # expired: a miss
+    await pair.send({**case, "id": 5})
+    assert [(r.status, r.lookup) for r in pair.records[0]] == [
+        (200, "miss"),
+        (200, "hit"),
+        (413, None),
+        (200, "miss"),
+        (200, "hit"),
+    ]
+    assert pair.lean == 2
+
+
+async def test_a_hit_due_for_refresh_ahead_is_left_to_the_pipeline_which_starts_the_refresh(
+    aiohttp_server: Any, aiohttp_client: Any, start_upstream: StartUpstream
+) -> None:
+    pair = await start_pair(aiohttp_server, aiohttp_client, start_upstream, auth=False, cache={"refresh_ahead": True})
+    base = {"id": 1, "cursor": None, "caps": {}, "token": None, "origin": None, "host": None}
+    case = {**base, "method": "tools/list", "header_method": "same", "advance_s": 0.0, "body": "compact"}
+    await pair.send(case)
+    await pair.send({**case, "id": 2, "advance_s": 27.0})  # in the last tenth of its 30 s
+    assert [r.lookup for r in pair.records[0]] == ["miss", "hit"]
+    assert pair.lean == 0
+    assert pair.upstream is not None
+    # a miss from each gateway, then a refresh from each
+    await wait_until(lambda: len(pair.upstream.requests) == 4, what="both refreshes")  # type: ignore[union-attr]
