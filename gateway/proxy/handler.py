@@ -6,8 +6,9 @@ cache (forwarded as it came) or is looked up under its key: a fresh entry answer
 goes through the read-through (:class:`~gateway.cache.ReadThrough`: coalescing, the shared tier,
 stale-if-error), whose fetch is the forwarder's (:mod:`.forward`).
 
-This module is the plain path, written to be read. ``gateway.proxy.hot`` answers cache hits with
-a leaner response object, and must answer byte for byte as this module does.
+This module is the plain path, written to be read. ``gateway.proxy.hot`` answers the commonest
+cache hits in one step, with a leaner response object, and must answer and record byte for byte
+as this module and the pipeline do.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ What they buy, on a cached ``tools/list`` (bench/RESULTS.md):
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Final
 
@@ -34,6 +35,8 @@ from .exchange import LARGE_BODY_BYTES, Exchange, hit_status
 from .handler import Proxy
 
 __all__ = ["LEAN_RESPONSES", "HotProxy", "LeanResponse"]
+
+log = logging.getLogger("mcp_gateway.proxy")
 
 
 class LeanResponse(web.Response):
@@ -92,6 +95,8 @@ class HotProxy(Proxy):
         #: neither parsed nor keyed again. At most ``TEMPLATES_MAX`` (the oldest goes first);
         #: none for upstreams whose key holds the caller's ``Authorization``.
         self.plans: dict[tuple[str, Template], tuple[CacheKey, str]] = {}
+        #: Whether lean_hit raised (a bug, logged as an ERROR the first time).
+        self.lean_failed = False
         self.plain_keys = {name for name, (_, forwards) in self.key_options.items() if not forwards}
 
     async def handle_post(self, request: web.Request, upstream_name: str | None = None) -> web.StreamResponse:
@@ -110,7 +115,9 @@ class HotProxy(Proxy):
         body = content.read_nowait()
         try:
             response = self.lean_hit(request, upstream_name, body, started)
-        except Exception:  # a bug: the pipeline answers it as one (Pipeline.internal_error)
+        except Exception:  # a bug of this path: the pipeline answers the request; told once
+            log.log(logging.DEBUG if self.lean_failed else logging.ERROR, "hot path failed", exc_info=True)
+            self.lean_failed = True
             response = None
         if response is None:
             return await pipeline.serve(self, request, upstream_name, body)
@@ -154,9 +161,10 @@ class HotProxy(Proxy):
         # ✂
 
     def key_of(self, request: web.Request, name: str, body: bytes) -> tuple[object, CacheKey, str] | None:
-        """``(id, cache key, method label)`` of the request ``body`` on upstream ``name``'s route
-        as the pipeline finds them (:meth:`Pipeline.parse`, :meth:`key`), or ``None`` when it
-        would answer otherwise than from the cache (no such upstream, a bad request, a bypass)."""
+        """For :meth:`lean_hit` (part of the fast version): ``(id, cache key, method label)`` of
+        the request ``body`` on upstream ``name``'s route as the pipeline finds them
+        (:meth:`Pipeline.parse`, :meth:`key`), or ``None`` when it would answer otherwise than
+        from the cache (no such upstream, a bad request, a bypass)."""
         upstream = self.upstreams.get(name)
         if upstream is None:
             return None
