@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import inspect
 
-from aiohttp import web, web_protocol, web_server
+from aiohttp import http_writer, web, web_protocol, web_server
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client import values as client_values
 from prometheus_client.utils import floatToGoString
 
 from gateway.httpserver import _hook_is_as_expected
-from gateway.proxy.hot import LEAN_RESPONSES
+from gateway.proxy.hot import LEAN_RESPONSES, PIECES_WRITES
 
 
 def test_aiohttp_response_has_the_attributes_lean_response_sets() -> None:
@@ -31,6 +31,20 @@ def test_aiohttp_response_has_the_attributes_lean_response_sets() -> None:
         "_zlib_executor",
     } <= attributes
     assert LEAN_RESPONSES, "LeanResponse no longer builds what web.Response builds: hits take the slower path"
+
+
+def test_aiohttp_stream_writer_has_the_parts_lean_pieces_response_reads() -> None:
+    """gateway.proxy.hot.LeanPiecesResponse takes StreamWriter's buffered head and sends it with
+    the pieces in one _writelines, where aiohttp's write_eof would join head and body."""
+    writer = http_writer.StreamWriter(None, None)  # type: ignore[arg-type]
+    assert writer._headers_buf is None and writer._headers_written is False
+    assert writer.chunked is False and writer._compress is None
+    assert writer._on_chunk_sent is None and writer.on_body_write is None
+    assert list(inspect.signature(http_writer.StreamWriter._writelines).parameters) == ["self", "chunks"]
+    assert "_send_headers_with_payload" in vars(http_writer.StreamWriter)  # what write_eof would do instead
+    response = web.StreamResponse()
+    assert response._payload_writer is None and response._eof_sent is False
+    assert PIECES_WRITES, "LeanPiecesResponse no longer finds its parts: one-step hits join their body first"
 
 
 def test_aiohttp_server_builds_handlers_by_the_module_name_request_handler() -> None:

@@ -24,7 +24,8 @@ from multidict import CIMultiDict
 from gateway.app import PROXY, create_app
 from gateway.config import parse_config
 from gateway.proxy import HotProxy, Proxy
-from gateway.proxy.hot import LEAN_RESPONSES, LeanResponse
+from gateway.proxy import hot as hot_module
+from gateway.proxy.hot import LEAN_RESPONSES, PIECES_WRITES, LeanPiecesResponse, LeanResponse
 from gateway.telemetry import RequestRecord
 
 from ..support import ACCEPT, FakeClock, FakeUpstream, StartUpstream, V, rpc
@@ -215,6 +216,58 @@ def test_cache_hits_are_answered_with_the_lean_response_on_this_aiohttp() -> Non
     lean = LeanResponse(b'{"a":1}', headers.copy())
     assert vars(lean) == vars(web.Response(body=b'{"a":1}', headers=headers))
     assert isinstance(lean, web.Response) and lean.status == 200 and lean.body == b'{"a":1}'
+
+
+@pytest.mark.parametrize("writer", ["as expected", "not as expected"])
+async def test_a_lean_pieces_response_sends_what_web_response_sends_for_the_joined_pieces(
+    aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch, writer: str
+) -> None:
+    """The head and the pieces in one join, or (a writer in another state) the pieces joined
+    and sent as web.Response sends a body: the same bytes either way."""
+    pieces = (b'{"jsonrpc":"2.0","id":', b"7", memoryview(b'x,"result":{"ttlMs":')[1:], b"5", b"}}")
+    headers = CIMultiDict({"Content-Type": "application/json", "Cache-Status": "mcp-gateway; hit; ttl=0"})
+    if writer == "not as expected":
+        monkeypatch.setattr(hot_module, "StreamWriter", type("Other", (), {}))
+
+    async def lean(request: web.Request) -> web.StreamResponse:
+        return LeanPiecesResponse(pieces, sum(map(len, pieces)), headers.copy())
+
+    async def plain(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=b"".join(pieces), headers=headers.copy())
+
+    app = web.Application()
+    app.router.add_get("/lean", lean)
+    app.router.add_get("/plain", plain)
+    client = await aiohttp_client(app)
+    answers = []
+    for path in ("/lean", "/plain", "/lean"):  # kept alive between them
+        async with client.get(path) as resp:
+            answers.append((resp.status, [(k, v) for k, v in resp.headers.items() if k != "Date"], await resp.read()))
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0][2] == b'{"jsonrpc":"2.0","id":7,"result":{"ttlMs":5}}'
+
+
+async def test_the_one_step_hit_sends_its_head_and_pieces_in_one_join(
+    open_pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-step hit really sends its pieces (not a joined body) on this aiohttp."""
+    assert PIECES_WRITES
+    joins: list[int] = []
+    writelines = hot_module.StreamWriter._writelines
+
+    def counted(self: Any, chunks: Any) -> None:
+        chunks = tuple(chunks)
+        joins.append(len(chunks))
+        writelines(self, chunks)
+
+    monkeypatch.setattr(hot_module.StreamWriter, "_writelines", counted)
+    base = {"id": 1, "cursor": None, "caps": {}, "token": None, "origin": None, "host": None}
+    case = {**base, "method": "tools/list", "header_method": "same", "advance_s": 0.0, "body": "compact"}
+    for id_ in (1, 2, 3):
+        await open_pair.send({**case, "id": id_})
+    assert open_pair.lean == 2
+    # the head and five pieces (start, id, head, ttlMs, tail), once per lean hit
+    assert joins.count(6) == 2
 
 
 @settings(
