@@ -225,6 +225,49 @@ def wrk(
     """One wrk run (1 thread); requests/s and latency percentiles in ms, and with ``server``
     the CPU time its process group (all its workers) spent per request, in microseconds.
     ``authorization``: the ``Authorization`` header value of every request."""
+    run = start_wrk(
+        fleet,
+        url,
+        method,
+        connections=connections,
+        duration=duration,
+        name=name,
+        args=args,
+        server=server,
+        cpus=cpus,
+        authorization=authorization,
+    )
+    return finish_wrk(fleet, run)
+
+
+@dataclass
+class WrkRun:
+    """A wrk run under way (:func:`start_wrk`), to be read by :func:`finish_wrk`."""
+
+    proc: subprocess.Popen[bytes]
+    connections: int
+    duration: float
+    load_before: float
+    server: subprocess.Popen[bytes] | None
+    cpu_before: float
+
+
+def start_wrk(
+    fleet: Fleet,
+    url: str,
+    method: str,
+    *,
+    connections: int,
+    duration: float,
+    name: str | None = None,
+    args: dict[str, Any] | None = None,
+    server: subprocess.Popen[bytes] | None = None,
+    cpus: set[int] | None = None,
+    authorization: str | None = None,
+) -> WrkRun:
+    """Start the wrk run :func:`wrk` makes (the same arguments) and return at once: two runs
+    started one after the other load their servers at the same time (``cached_runs``' contended
+    rounds)."""
     env = {"MCP_METHOD": method}
     if authorization is not None:
         env["MCP_AUTHORIZATION"] = authorization
@@ -244,11 +287,17 @@ def wrk(
         preexec_fn=pinned(cpus),
     )
     fleet.procs.append(("wrk", proc))
+    return WrkRun(proc, connections, duration, load_before, server, cpu_before)
+
+
+def finish_wrk(fleet: Fleet, run: WrkRun) -> dict[str, Any]:
+    """The figures of ``run`` once it has ended (as :func:`wrk` returns them)."""
+    proc, server, connections, duration = run.proc, run.server, run.connections, run.duration
     try:
         out, _ = proc.communicate(timeout=duration + 60)
     finally:
         fleet.stop(proc)
-    cpu = group_cpu_seconds(server.pid) - cpu_before if server is not None else None
+    cpu = group_cpu_seconds(server.pid) - run.cpu_before if server is not None else None
     line = next((ln for ln in out.decode().splitlines() if ln.startswith("BENCH_JSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk gave no summary:\n{out.decode()}")
@@ -267,7 +316,7 @@ def wrk(
         "socket_errors": errors["connect"] + errors["read"] + errors["write"] + errors["timeout"],
         "connections": connections,
         "duration_s": duration,
-        "loadavg_1m_before": round(load_before, 2),
+        "loadavg_1m_before": round(run.load_before, 2),
         "cpu_us_per_request": round(cpu * 1e6 / raw["requests"], 1) if cpu is not None and raw["requests"] else None,
     }
 
