@@ -209,35 +209,11 @@ def rss_kib(pid: int) -> int:
 # -- wrk ------------------------------------------------------------------------------------
 
 
-def wrk(
-    fleet: Fleet,
-    url: str,
-    method: str,
-    *,
-    connections: int,
-    duration: float,
-    name: str | None = None,
-    args: dict[str, Any] | None = None,
-    server: subprocess.Popen[bytes] | None = None,
-    cpus: set[int] | None = None,
-    authorization: str | None = None,
-) -> dict[str, Any]:
-    """One wrk run (1 thread); requests/s and latency percentiles in ms, and with ``server``
-    the CPU time its process group (all its workers) spent per request, in microseconds.
-    ``authorization``: the ``Authorization`` header value of every request."""
-    run = start_wrk(
-        fleet,
-        url,
-        method,
-        connections=connections,
-        duration=duration,
-        name=name,
-        args=args,
-        server=server,
-        cpus=cpus,
-        authorization=authorization,
-    )
-    return finish_wrk(fleet, run)
+def wrk(fleet: Fleet, url: str, method: str, **options: Any) -> dict[str, Any]:
+    """One wrk run (1 thread), started and read at once (:func:`start_wrk`'s options):
+    requests/s and latency percentiles in ms, and with ``server`` the CPU time its process
+    group (all its workers) spent per request, in microseconds."""
+    return finish_wrk(fleet, start_wrk(fleet, url, method, **options))
 
 
 @dataclass
@@ -265,9 +241,9 @@ def start_wrk(
     cpus: set[int] | None = None,
     authorization: str | None = None,
 ) -> WrkRun:
-    """Start the wrk run :func:`wrk` makes (the same arguments) and return at once: two runs
-    started one after the other load their servers at the same time (``cached_runs``' contended
-    rounds)."""
+    """Start one wrk run and return at once (two started one after the other load their servers
+    at the same time: ``contended_runs``); ``server``: the process whose group's CPU time is
+    counted; ``authorization``: the ``Authorization`` header value of every request."""
     env = {"MCP_METHOD": method}
     if authorization is not None:
         env["MCP_AUTHORIZATION"] = authorization
