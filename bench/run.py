@@ -113,10 +113,10 @@ TARGETS = {
     # its p99 stays under one upstream round trip, and a 1 s lifetime is refreshed at half-life.
     "refresh_misses": 0,
     "refresh_upstream_per_ttl_max": 2.2,
-    # The aggregate part (bench/aggregate.py): a warm `tools/list` of two members on /mcp against
-    # a warm per-upstream one, same process; a `tools/call` through /mcp adds at most 1 ms at p50
-    # (a sanity bound: the figure is reported, the bound only catches a gross regression).
-    "aggregate_list_ratio_min": 0.5,
+    # The aggregate part (bench/aggregate.py): a warm `tools/list` of two members on /mcp at least
+    # 0.8 of a warm per-upstream one, same process; a `tools/call` through /mcp adds at most 1 ms
+    # at p50.
+    "aggregate_list_ratio_min": 0.8,
     "aggregate_call_added_p50_ms_max": 1.0,
     # The reload part (bench/reload.py): 20 reloads of a 100-upstream config under a steady load of
     # hits add at most 2 ms to the hits' p99.
@@ -732,8 +732,10 @@ def verdicts(result: dict[str, Any]) -> dict[str, Any]:
             )
         if "cold_burst" in w:
             made = w["cold_burst"]["upstream_requests"]
-            v["cold_burst_ok"] = made == TARGETS["cold_burst_upstream_requests"]
-            # Each worker has its own cache: N workers may each fetch a cold key once.
+            # Each worker has its own cache: N workers may each fetch a cold key once, so the
+            # single request is a verdict of one worker only.
+            if n == 1:
+                v["cold_burst_ok"] = made == TARGETS["cold_burst_upstream_requests"]
             v["cold_burst_at_most_one_per_worker"] = 1 <= made <= n
         if v:
             out[f"workers={n}"] = v

@@ -93,8 +93,9 @@ def create_app(
     ``reload_group``, in a ``--workers`` worker, has the other workers reload after the route did.
     """
     # No app-wide middleware: the MCP routes answer their own unexpected errors as JSON-RPC
-    # (Proxy.internal_error), and a middleware costs every cache hit ~8% (bench/RESULTS.md). Other
-    # routes get aiohttp's plain 500, which never carries a traceback either.
+    # (Proxy.internal_error), and a middleware is one more coroutine on every cache hit, whose
+    # few microseconds are counted (bench/RESULTS.md). Other routes get aiohttp's plain 500,
+    # which never carries a traceback either.
     app = web.Application(client_max_size=config.listener.max_body_bytes)
     metrics = GatewayMetrics(
         metrics_registry if metrics_registry is not None else CollectorRegistry(), cluster=config.cluster is not None
