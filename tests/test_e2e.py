@@ -38,7 +38,9 @@ from .support import (
     sse_events,
     wire,
 )
+from .support.coalescing import Followers
 from .support.fleet import Upstream, fetch_counts, fetch_requests, reset_counts, run_server
+from .support.polling import wait_until
 from .support.reply import Reply
 
 CLIENT_INFO = {"name": "e2e-tests", "version": "1.0.0"}
@@ -781,11 +783,12 @@ async def test_followers_are_answered_when_the_coalescing_leader_disconnects(
 
     up = await sdk_upstream(take_half_a_second)
     gw = await start_gateway({"upstreams": {"slow": {"url": up.url}}}, clock=fake_clock)
+    joined = Followers(gw)
     leader = asyncio.create_task(rpc(http, gw.url("slow"), "tools/list", id="leader"))
     async with asyncio.timeout(5):
         await up.entered.wait()  # the leader's request is at the upstream
     followers = [asyncio.create_task(rpc(http, gw.url("slow"), "tools/list", id=i)) for i in range(5)]
-    await asyncio.sleep(0.1)  # the followers are waiting on the leader
+    await wait_until(lambda: joined.waiting() == 5, limit_s=5, what="the 5 followers waiting on the leader")
     leader.cancel()  # the leader's caller goes away
     async with asyncio.timeout(5):
         replies = await asyncio.gather(*followers)

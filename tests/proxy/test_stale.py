@@ -24,6 +24,8 @@ from gateway.cache import invalidation
 from gateway.config import parse_config
 
 from ..support import FakeClock, FakeUpstream, RunningGateway, StartGateway, list_result, mcp_headers, rpc
+from ..support.coalescing import Followers
+from ..support.polling import wait_until
 from ..support.wire import sse_frame, sse_messages
 
 pytestmark = pytest.mark.timeout(60)
@@ -210,13 +212,15 @@ async def test_callers_waiting_on_a_leader_whose_caller_hung_up_share_one_attemp
     await call(http, gw)
     fake_clock.advance(TTL_MS / 1000 + 0.2)
     upstream.mode, upstream.delay_s = "garbage200", 0.5
+    joined = Followers(gw)
     leader = asyncio.create_task(call(http, gw, id_="leader"))
     for _ in range(500):
         if upstream.count("tools/list") == 2:
             break
         await asyncio.sleep(0.01)
     followers = [asyncio.create_task(call(http, gw, id_=f"f{i}")) for i in range(3)]
-    await asyncio.sleep(0.1)  # they wait on the leader (the upstream takes 0.5 s)
+    # They wait on the leader (the upstream takes 0.5 s to answer it).
+    await wait_until(lambda: joined.waiting() == 3, limit_s=5, what="the 3 callers waiting on the leader")
     leader.cancel()  # its connection closes: the gateway cancels its handler
     statuses = []
     for i, (status, cache_status, body) in enumerate(await asyncio.gather(*followers)):
@@ -442,7 +446,7 @@ async def test_a_key_in_steady_demand_is_refreshed_ahead_and_never_misses(
     assert stored == requests - 1
     # Traffic stops: no more refreshes, the entry just expires.
     fake_clock.advance(60)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a window for a refresh that must not start: no state to poll for an absence
     assert upstream.count("tools/list") == requests
     assert "fwd=miss" in (await call(http, gw))[1]
 

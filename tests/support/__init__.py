@@ -7,7 +7,8 @@
 * :mod:`.scripted_mcp`: :class:`ScriptedMcp`, a modern MCP upstream whose discover answer and
   listen streams the test scripts (the registry tests).
 * :mod:`.clock`: :class:`FakeClock`, :class:`FakeTime` (a clock with a ``sleep``),
-  :class:`RecordingSleep`. :mod:`.polling`: :func:`wait_until`, a bounded poll.
+  :class:`RecordingSleep`. :mod:`.polling`: :func:`wait_until`, a bounded poll; :mod:`.coalescing`:
+  :class:`Followers`, the requests waiting on a coalescing leader (a state to poll for).
   :mod:`.running`: :class:`RunningGateway` (the ``start_gateway`` fixture's value).
 * :mod:`.fleet`: the real SDK servers of ``tests/servers/``, run as subprocesses (the legacy
   one on the older SDK too). :mod:`.conformance`: the official conformance suite.
