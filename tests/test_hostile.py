@@ -202,7 +202,11 @@ async def test_stalled_bodies_are_answered_408_in_time_and_other_callers_are_ser
     heads = [head + (f"Authorization: Bearer {TOKEN}\r\n".encode() if i % 2 else b"") + b"\r\n" for i in range(200)]
     started = time.monotonic()
     stalled = [asyncio.ensure_future(raw_exchange(port, h, b'{"jsonrpc":', read_s=8.0)) for h in heads]
-    await asyncio.sleep(0.1)
+    # Until the gateway has read all 200 heads: each a request begun, waiting on its stalled body.
+    runner = gw.server.runner
+    assert runner is not None and runner.server is not None
+    server = runner.server  # aiohttp's web.Server: requests_count counts the requests it began
+    await wait_until(lambda: server.requests_count >= len(heads), limit_s=5, what="the 200 stalled requests begun")
     headers = mcp_headers("tools/list", Authorization=f"Bearer {TOKEN}")
     async with http.post(gw.url("up"), json=rpc("tools/list"), headers=headers) as resp:
         assert resp.status == 200  # served while 200 bodies stall
