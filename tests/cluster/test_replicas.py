@@ -365,7 +365,7 @@ async def test_a_purge_on_one_replica_leaves_no_replica_answering_from_the_old_e
         # Every pub/sub connection of the replicas dropped: they must not rely on the message.
         redis_server.command("CLIENT", "KILL", "TYPE", "pubsub")
     assert await purge(http, replicas, 0, upstream="pub", method="tools/list") >= 1
-    await asyncio.sleep(INVALIDATION_S)
+    await asyncio.sleep(INVALIDATION_S)  # the contract's bound: after it no replica may answer from the old entry
 
     for i in (1, 2, 0):
         asked = time.monotonic()
@@ -478,7 +478,7 @@ async def test_readyz_and_the_registry_documents_agree_on_every_replica_with_one
     # One prober per upstream: probes every 0.8 to 1 s (FAST_REGISTRY) from one replica, not three.
     await reset_counts(changing_up)
     window_s = 2.0
-    await asyncio.sleep(window_s)
+    await asyncio.sleep(window_s)  # a window of time whose probes are counted, not a wait for a state
     counts = await fetch_counts(changing_up)
     assert counts.get("server/discover", 0) <= window_s / 0.8 + 1, counts
     assert counts.get("subscriptions/listen", 0) == 0, counts  # the one stream held stays held
@@ -647,7 +647,7 @@ async def test_gateways_with_different_key_prefixes_on_one_redis_never_see_each_
     )
 
     await purge(http, one, 0)
-    await asyncio.sleep(INVALIDATION_S)
+    await asyncio.sleep(INVALIDATION_S)  # the contract's bound: a purge that would reach two has by now
     assert (await call(http, two.url(0, "pub"))).hit  # one's purge is not two's
     assert not (await call(http, one.url(0, "pub"))).hit
     keys = redis_server.scan_keys()
@@ -734,7 +734,7 @@ async def test_a_purge_reaches_every_worker(
         return metrics.get(("mcp_gateway_cache_entries", ())) == metrics.get(("mcp_gateway_cache_bytes", ())) == 0
 
     await eventually(no_entries_left, limit_s=10, what="the size gauges at 0 after the purge")
-    await asyncio.sleep(INVALIDATION_S)
+    await asyncio.sleep(INVALIDATION_S)  # the contract's bound, then no worker may answer from the old entry
     for n in range(12):
         asked = time.monotonic()
         answer = await call(fresh_http, replicas.url(0, "pub"), id_=n)

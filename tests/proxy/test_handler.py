@@ -562,7 +562,7 @@ async def test_inflight_gauge_and_upstream_durations_in_metrics(make_env: Any) -
         await asyncio.sleep(0.01)
     text = await (await env.client.get("/metrics")).text()
     assert sample(text, "mcp_gateway_inflight_requests") == 1
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the upstream takes at least 0.05 s to answer: the duration below shows it
     release.set()
     assert (await call).status == 200
     text = await (await env.client.get("/metrics")).text()
