@@ -57,16 +57,18 @@ async def serve_workers(
 
 
 @contextlib.asynccontextmanager
-async def serve_group(tmp_path: Path, config: str, *, env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+async def serve_group(
+    tmp_path: Path, config: str, *, env: Mapping[str, str] | None = None, log_level: str = "warning"
+) -> AsyncIterator[str]:
     """``mcp-gateway serve --workers 2`` with ``config`` (TOML; ``[listener]`` is added) on a free
-    port; yields the base URL. Stopped with SIGTERM (then SIGKILL) on exit, its log in the error
-    if it does not start."""
+    port; yields the base URL. Both workers log (at ``log_level``) to ``tmp_path / "gateway.log"``.
+    Stopped with SIGTERM (then SIGKILL) on exit, its log in the error if it does not start."""
     port = free_port()
     path = tmp_path / "gateway.toml"
     path.write_text(f"[listener]\nport = {port}\n{config}")
     log = tmp_path / "gateway.log"
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--workers", "2"]
-    argv += ["--log-level", "warning"]
+    argv += ["--log-level", log_level]
     child_env = {k: v for k, v in os.environ.items() if k.upper() != MULTIPROC_DIR_ENV}
     child_env.update(env or {})
     with log.open("wb") as out:

@@ -128,13 +128,20 @@ async def test_with_two_workers_each_change_of_a_member_is_one_notification_per_
         f'backoff_max_s = 0.4\n[upstreams.a]\nurl = "{public_up.url}"\n[upstreams.c]\nurl = "{changing_up.url}"\n'
         "[aggregate]\n"
     )
-    async with serve_group(tmp_path, config) as base_url:
+    async with serve_group(tmp_path, config, log_level="info") as base_url:
 
         async def both_listening() -> bool:  # each worker holds its own listen stream to c
             return (await fetch_counts(changing_up)).get("subscriptions/listen", 0) >= 2
 
         await eventually(both_listening, limit_s=15, what="both workers' listen streams to c")
-        await asyncio.sleep(1)  # acknowledged
+
+        async def both_acknowledged() -> bool:
+            # Each worker logs this once its stream is acknowledged, after the purge that comes
+            # with a first acknowledgement (a list_changed the /mcp streams below must not get).
+            log = (tmp_path / "gateway.log").read_text(errors="replace")
+            return log.count("upstream c: listening for") >= 2
+
+        await eventually(both_acknowledged, limit_s=15, what="both workers' listen streams to c acknowledged")
         body = json.dumps(body_of("subscriptions/listen", {"notifications": {"toolsListChanged": True}}))
         streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         try:
@@ -150,7 +157,7 @@ async def test_with_two_workers_each_change_of_a_member_is_one_notification_per_
                 streams.append((reader, writer))
             for _ in range(3):  # three changes, a second apart
                 await add_tool(changing_up, unique("worker_change"))
-                await asyncio.sleep(1)
+                await asyncio.sleep(1)  # the pace of the changes: each its own notification, not one for all
             told = []
             for reader, _ in streams:
                 got = b""
