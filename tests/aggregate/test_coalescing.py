@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from ..support import StartGateway, StartUpstream
+from ..support.polling import wait_until
 from .conftest import agg, aggregate_config, names
 from .scripted import member, result_of, tools_result
 
@@ -65,8 +66,8 @@ async def test_callers_waiting_on_a_page_mcp_gave_up_on_make_one_upstream_reques
     good = await member(start_upstream, "ok")
     gw = await start_gateway(aggregate_config({"g": good.url, "p": {"url": up.url, "timeout_s": 0.5}}))
     composed = asyncio.create_task(agg(http, gw, "tools/list"))
-    await asyncio.sleep(0.38)  # /mcp asked for page 2 at 0.3 s; it gives up at 0.5 s
-    assert up.count("tools/list", '"c2"') == 1
+    # /mcp asks for page 2 at 0.3 s (p answers it at 0.7 s); it gives up at 0.5 s.
+    await wait_until(lambda: up.count("tools/list", '"c2"') == 1, limit_s=5, what="/mcp asking p for page 2")
     own = await asyncio.gather(*(agg(http, gw.url("p"), "tools/list", {"cursor": "c2"}, id=i) for i in range(8)))
     assert [r.json["id"] for r in own] == list(range(8)) and all(names(r.result) == ["t2"] for r in own)
     assert "detail=partial" in (await composed).cache_status  # p was cut short
