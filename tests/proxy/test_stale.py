@@ -190,10 +190,7 @@ async def test_a_busy_upstream_after_expiry_is_answered_stale_and_asked_again_as
     held = asyncio.create_task(
         http.post(gw.url("up"), json=rpc("tools/call", name="slow"), headers=mcp_headers("tools/call", name="slow"))
     )
-    for _ in range(500):
-        if upstream.count("tools/call"):
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: upstream.count("tools/call") > 0, limit_s=5, what="the held call at the upstream")
     assert_stale(await call(http, gw, id_="busy"), "busy", 1)
     release.set()
     (await held).release()
@@ -214,10 +211,7 @@ async def test_callers_waiting_on_a_leader_whose_caller_hung_up_share_one_attemp
     upstream.mode, upstream.delay_s = "garbage200", 0.5
     joined = Followers(gw)
     leader = asyncio.create_task(call(http, gw, id_="leader"))
-    for _ in range(500):
-        if upstream.count("tools/list") == 2:
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: upstream.count("tools/list") == 2, limit_s=5, what="the leader's request at the upstream")
     followers = [asyncio.create_task(call(http, gw, id_=f"f{i}")) for i in range(3)]
     # They wait on the leader (the upstream takes 0.5 s to answer it).
     await wait_until(lambda: joined.waiting() == 3, limit_s=5, what="the 3 callers waiting on the leader")
@@ -311,10 +305,7 @@ async def test_an_answer_refused_because_a_purge_crossed_it_ends_the_older_entry
     fake_clock.advance(TTL_MS / 1000 + 1)  # expired, kept
     upstream.delay_s = 0.2
     in_flight = asyncio.create_task(call(http, gw, id_="crossed"))
-    for _ in range(400):
-        if upstream.count("tools/list") == 2:
-            break
-        await asyncio.sleep(0.005)
+    await wait_until(lambda: upstream.count("tools/list") == 2, limit_s=5, what="the request at the upstream")
     # A purge of the upstream's prompts: it may be what the answer on its way is about (so the
     # answer is not stored), and it leaves the tools/list entry where it was.
     gw.app[REGISTRY].purge(invalidation("up", "notifications/prompts/list_changed", {}), "notification")
@@ -530,10 +521,8 @@ async def test_hot_and_plain_paths_answer_alike_through_stale_answers_and_refres
                 "/servers/up/mcp", json=rpc("tools/list", id_=step, **params), headers=mcp_headers("tools/list")
             ) as r:
                 answers.append((r.status, [(k, v) for k, v in r.headers.items() if k != "Date"], await r.read()))
-            for _ in range(500):
-                if not len(client.server.app[PROXY].readthrough.refreshes):
-                    break
-                await asyncio.sleep(0.005)
+            refreshes = client.server.app[PROXY].readthrough.refreshes
+            await wait_until(lambda tasks=refreshes: not len(tasks), limit_s=5, what="the refresh ended")
         assert answers[0] == answers[1], (step, answers)
         seen.append(dict(answers[0][1])["Cache-Status"])
     assert seen == EXPECTED_STATUSES
