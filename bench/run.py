@@ -175,7 +175,7 @@ def cold_burst(gw_port: int, upstream_port: int, count: int = 200) -> dict[str, 
     wrong_ids = 0
     for i, (_, headers, body) in enumerate(responses):
         cs = headers.get("cache-status", "")
-        kinds["coalesced" if "collapsed" in cs else "hit" if "; hit" in cs else "miss" if "fwd=miss" in cs else cs] += 1
+        kinds["collapsed" if "collapsed" in cs else "hit" if "; hit" in cs else "miss" if "fwd=miss" in cs else cs] += 1
         if json.loads(body).get("id") != f"burst-{i}":
             wrong_ids += 1
     return {
@@ -769,7 +769,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--rounds",
         type=int,
-        help="floor/gateway rounds for cached runs, the order flipped each round (default 12; quick 1): the"
+        help="floor/gateway rounds for cached runs, the order rotated each round (default 12; quick 1): the"
         " ratio is the median of the rounds' ratios; this machine's speed moves by half within a minute",
     )
     p.add_argument(
