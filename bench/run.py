@@ -812,7 +812,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_false",
         help="with 1 worker, do not run the floor and gateway on CPU 0 and wrk on the other CPUs",
     )
-    p.add_argument("--out", default=str(ROOT / "bench-results" / "latest.json"))
+    p.add_argument(
+        "--out",
+        default=str(ROOT / "bench-results" / "latest.json"),
+        help="where the JSON goes; the processes' logs go beside it, in STEM-logs/ (emptied first)",
+    )
     opts = p.parse_args(argv)
     opts.worker_counts = [int(x) for x in opts.workers.split(",") if x.strip()]
     opts.wrk_cpus = None
@@ -833,7 +837,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_path = Path(opts.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    logs = out_path.parent / "logs"
+    # Beside the JSON, named after it: emptied for this run, so it must be the bench's own.
+    logs = out_path.with_name(f"{out_path.stem}-logs")
     shutil.rmtree(logs, ignore_errors=True)
     logs.mkdir(parents=True)
     started = time.time()
